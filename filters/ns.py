@@ -1,0 +1,42 @@
+"""XML namespaces of the specs the gateway speaks, one place for all of them."""
+
+SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
+SOAP12 = "http://www.w3.org/2003/05/soap-envelope"
+WSSE = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-wssecurity-secext-1.0.xsd"
+WSU = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-wssecurity-utility-1.0.xsd"
+WSSE11 = "http://docs.oasis-open.org/wss/oasis-wss-wssecurity-secext-1.1.xsd"
+DS = "http://www.w3.org/2000/09/xmldsig#"
+XENC = "http://www.w3.org/2001/04/xmlenc#"
+XENC11 = "http://www.w3.org/2009/xmlenc11#"
+EXC_C14N = "http://www.w3.org/2001/10/xml-exc-c14n#"
+WSA = "http://www.w3.org/2005/08/addressing"
+
+# Token profile URIs.
+X509V3 = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-x509-token-profile-1.0#X509v3"
+X509_SKI = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-x509-token-profile-1.0#X509SubjectKeyIdentifier"
+THUMBPRINT_SHA1 = "http://docs.oasis-open.org/wss/oasis-wss-soap-message-security-1.1#ThumbprintSHA1"
+ENCKEY_SHA1 = "http://docs.oasis-open.org/wss/oasis-wss-soap-message-security-1.1#EncryptedKeySHA1"
+ENCKEY_TOKEN = "http://docs.oasis-open.org/wss/oasis-wss-soap-message-security-1.1#EncryptedKey"
+BASE64 = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-soap-message-security-1.0#Base64Binary"
+PASSWORD_TEXT = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordText"
+PASSWORD_DIGEST = (
+    "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordDigest"
+)
+
+ALL = {
+    "soap": SOAP11,
+    "soap12": SOAP12,
+    "wsse": WSSE,
+    "wsu": WSU,
+    "wsse11": WSSE11,
+    "ds": DS,
+    "xenc": XENC,
+    "xenc11": XENC11,
+    "ec": EXC_C14N,
+    "wsa": WSA,
+}
+
+
+def q(ns: str, local: str) -> str:
+    """Clark notation, as lxml wants tags: {ns}local."""
+    return f"{{{ns}}}{local}"

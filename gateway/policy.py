@@ -1,0 +1,263 @@
+"""Policies: YAML files in policies/ -> validated models.
+
+Every file holds `routes:`; each route has a match, an upstream and a security profile with that profile's
+options. Validation errors name the file, the route and the field. `${VAR:-default}` in a string value is
+replaced from the environment, so one policy set serves the local and the Compose topology."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Profile = Literal["none", "xml", "tls", "hmac", "rsa", "secureconversation"]
+XML_PROFILES = {"xml", "hmac", "rsa", "secureconversation"}
+SignedPart = Literal["body", "timestamp", "username_token", "addressing"]
+SignatureAlgorithm = Literal["rsa-sha256", "rsa-sha1", "hmac-sha256", "hmac-sha1"]
+DigestAlgorithm = Literal["sha256", "sha1"]
+DataAlgorithm = Literal["aes256-gcm", "aes128-gcm", "aes256-cbc", "aes128-cbc"]
+KeyTransport = Literal["rsa-oaep-mgf1p", "rsa-oaep", "rsa-1_5"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicyError(Exception):
+    """A policy problem, with the file, the route and the field it is about."""
+
+
+class Match(Strict):
+    path_prefix: str = Field(pattern=r"^/")
+    soap_action: str | None = None  # exact SOAPAction header value (quotes stripped), when given
+
+
+class Upstream(Strict):
+    address: str = Field(pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+    tls: bool = False
+    ca: str | None = None  # CA bundle to verify the upstream; None with tls: the system's
+    sni: str | None = None
+    timeout_s: float = Field(default=30.0, gt=0)
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+
+class Limits(Strict):
+    """XML threat protection limits; the defaults are safe for ordinary SOAP traffic."""
+
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
+    max_depth: int = Field(default=64, gt=2, le=256)
+    max_elements: int = Field(default=200_000, gt=0)
+    max_attributes: int = Field(default=32, gt=0)
+    max_text_length: int = Field(default=4 * 1024 * 1024, gt=0)
+
+
+class TlsOptions(Strict):
+    require_client_certificate: bool = False
+    subject_header: str | None = "x-client-subject"
+
+
+class TimestampPolicy(Strict):
+    required: bool = True
+    clock_skew_s: int = Field(default=300, ge=0)  # how far Created may lie in the future
+    max_age_s: int = Field(default=300, gt=0)  # how old Created may be, Expires or not
+
+
+class UsernameTokenPolicy(Strict):
+    required: bool = False
+    users_file: str | None = None
+    password_types: list[Literal["text", "digest"]] = ["digest", "text"]
+
+    @model_validator(mode="after")
+    def _users(self) -> UsernameTokenPolicy:
+        if self.required and not self.users_file:
+            raise ValueError("users_file is needed when a UsernameToken is required")
+        return self
+
+
+class SignaturePolicy(Strict):
+    algorithms: list[SignatureAlgorithm] = ["rsa-sha256", "hmac-sha256"]
+    digests: list[DigestAlgorithm] = ["sha256"]
+    parts: list[SignedPart] = ["body", "timestamp"]
+
+    @field_validator("parts")
+    @classmethod
+    def _body_always(cls, parts: list[str]) -> list[str]:
+        if "body" not in parts:
+            raise ValueError("the Body is always signed: 'body' must be listed")
+        return parts
+
+
+class EncryptionPolicy(Strict):
+    require_request: bool = False  # the request Body must arrive encrypted
+    encrypt_response: bool = False
+    data_algorithms: list[DataAlgorithm] = ["aes256-gcm", "aes128-gcm"]
+    key_transport: list[KeyTransport] = ["rsa-oaep-mgf1p", "rsa-oaep"]
+    response_algorithm: DataAlgorithm = "aes256-gcm"
+
+
+class RsaOptions(Strict):
+    trust_anchors: list[str] = ["certs/out/ca.pem"]
+    allowed_subjects: list[str] | None = None  # RFC 4514 subject strings; None: any the anchors vouch for
+    subject_header: str | None = "x-wsgate-subject"
+    sign_response: bool = True
+    key: str = "certs/out/gateway-sign.key"  # signs responses
+    certificate: str = "certs/out/gateway-sign.pem"
+    decryption_key: str = "certs/out/gateway-enc.key"  # decrypts requests encrypted to us
+    decryption_certificate: str = "certs/out/gateway-enc.pem"
+
+
+class HmacOptions(Strict):
+    keys_file: str | None = "certs/out/hmac-keys.yaml"  # pre-shared keys by name
+    allow_encrypted_key: bool = True  # the symmetric binding: a key sent in an EncryptedKey to us
+    decryption_key: str = "certs/out/gateway-enc.key"
+    decryption_certificate: str = "certs/out/gateway-enc.pem"
+    sign_response: bool = True
+
+
+class SecureConversationOptions(Strict):
+    store: Literal["sealed", "memory", "redis"] = "sealed"
+    lifetime_s: int = Field(default=3600, gt=0)
+    max_contexts: int = Field(default=100_000, gt=0)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    master_keys_file: str = "certs/out/sct-master-keys.yaml"
+
+
+class Route(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
+    match: Match
+    upstream: Upstream
+    profile: Profile
+    tls: TlsOptions = TlsOptions()
+    limits: Limits = Limits()
+    timestamp: TimestampPolicy = TimestampPolicy()
+    username_token: UsernameTokenPolicy = UsernameTokenPolicy()
+    signature: SignaturePolicy = SignaturePolicy()
+    encryption: EncryptionPolicy = EncryptionPolicy()
+    rsa: RsaOptions = RsaOptions()
+    hmac: HmacOptions = HmacOptions()
+    secureconversation: SecureConversationOptions = SecureConversationOptions()
+    secure_faults: bool = True  # sign/encrypt backend faults like other responses
+
+    @property
+    def touches_xml(self) -> bool:
+        return self.profile in XML_PROFILES
+
+    @property
+    def needs_tls_listener_only(self) -> bool:
+        return self.profile == "tls"
+
+
+class PolicyFile(Strict):
+    routes: Annotated[list[Route], Field(min_length=1)]
+
+
+class PolicySet(Strict):
+    """All routes of a policies directory, in a deterministic order (file name, then order in the file)."""
+
+    routes: list[Route]
+    sources: dict[str, str]  # route name -> file it came from
+
+    def route(self, name: str) -> Route:
+        for r in self.routes:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+
+_ENV = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value: object) -> object:
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            got = os.environ.get(m.group(1))
+            if got is None:
+                if m.group(2) is None:
+                    raise PolicyError(f"environment variable {m.group(1)} is not set")
+                return m.group(2)
+            return got
+
+        return _ENV.sub(sub, value)
+    if isinstance(value, list):
+        return [_interpolate(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _interpolate(v) for k, v in value.items()}
+    return value
+
+
+def _describe(err: ValidationError, doc: object, path: Path) -> str:
+    lines = []
+    for e in err.errors():
+        loc = list(e["loc"])
+        where = f"{path}"
+        if len(loc) >= 2 and loc[0] == "routes" and isinstance(loc[1], int):
+            idx = loc[1]
+            name = None
+            if isinstance(doc, dict) and isinstance(doc.get("routes"), list) and idx < len(doc["routes"]):
+                item = doc["routes"][idx]
+                name = item.get("name") if isinstance(item, dict) else None
+            where += f": route {name or f'#{idx + 1}'}"
+            loc = loc[2:]
+        field = ".".join(str(x) for x in loc) or "(route)"
+        lines.append(f"{where}: field {field}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_file(path: Path) -> PolicyFile:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        doc = _interpolate(doc)
+    except PolicyError as exc:
+        raise PolicyError(f"{path}: {exc}") from None
+    try:
+        return PolicyFile.model_validate(doc)
+    except ValidationError as err:
+        raise PolicyError(_describe(err, doc, path)) from None
+
+
+def load_dir(directory: Path | str) -> PolicySet:
+    directory = Path(directory)
+    files = sorted(p for p in directory.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+    if not files:
+        raise PolicyError(f"{directory}: no policy files (*.yaml)")
+    routes: list[Route] = []
+    sources: dict[str, str] = {}
+    errors: list[str] = []
+    for path in files:
+        try:
+            pf = load_file(path)
+        except PolicyError as exc:
+            errors.append(str(exc))
+            continue
+        for r in pf.routes:
+            if r.name in sources:
+                errors.append(f"{path}: route {r.name}: field name: already defined in {sources[r.name]}")
+                continue
+            sources[r.name] = str(path)
+            routes.append(r)
+    seen: dict[tuple[str, str | None], str] = {}
+    for r in routes:
+        key = (r.match.path_prefix, r.match.soap_action)
+        if key in seen:
+            errors.append(
+                f"{sources[r.name]}: route {r.name}: field match: same match as route {seen[key]}"
+            )
+        seen[key] = r.name
+    if errors:
+        raise PolicyError("\n".join(errors))
+    return PolicySet(routes=routes, sources=sources)
