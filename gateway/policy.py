@@ -139,7 +139,8 @@ class Route(Strict):
     upstream: Upstream
     profile: Profile
     tls: TlsOptions = TlsOptions()
-    limits: Limits = Limits()
+    limits: Limits = Limits()  # requests, from clients
+    response_limits: Limits = Limits()  # responses, from the backend (result sets are larger than requests)
     timestamp: TimestampPolicy = TimestampPolicy()
     username_token: UsernameTokenPolicy = UsernameTokenPolicy()
     signature: SignaturePolicy = SignaturePolicy()
@@ -254,9 +255,7 @@ def load_dir(directory: Path | str) -> PolicySet:
     for r in routes:
         key = (r.match.path_prefix, r.match.soap_action)
         if key in seen:
-            errors.append(
-                f"{sources[r.name]}: route {r.name}: field match: same match as route {seen[key]}"
-            )
+            errors.append(f"{sources[r.name]}: route {r.name}: field match: same match as route {seen[key]}")
         seen[key] = r.name
     if errors:
         raise PolicyError("\n".join(errors))

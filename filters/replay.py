@@ -1,0 +1,110 @@
+"""Replay defence: remember what we have seen (nonces, signature values) for as long as it could be replayed.
+
+`seen(key, ttl_s)` records a key and tells whether it was already there. Keys are stored as 16-byte SHA-256
+prefixes, so an entry's size does not depend on what the client sent. The memory store serves one process;
+the Redis store lets several gateway instances share one view. A Redis that cannot answer is a server fault:
+the gateway refuses rather than accept a message it could not check."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from filters import faults
+
+DIGEST_BYTES = 16  # 128 bits: collisions are out of reach at any size the store can hold
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()[:DIGEST_BYTES]
+
+
+def _check_ttl(ttl_s: float) -> None:
+    if not ttl_s > 0:  # also refuses NaN
+        raise ValueError(f"replay TTL must be positive, got {ttl_s}")
+
+
+class ReplayCache(Protocol):
+    def seen(self, key: bytes, ttl_s: float) -> bool:
+        """Record `key` for `ttl_s` seconds; True when it was already recorded (a replay)."""
+        ...
+
+
+class MemoryReplayCache:
+    """A bounded in-process store: O(log n) per call, never more than `max_entries` entries.
+
+    Expired entries go first; when the store is still full, the entry that would expire soonest makes room
+    (`evicted` counts those, a sign the store is too small for the traffic)."""
+
+    def __init__(self, max_entries: int = 1_000_000, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self.evicted = 0
+        self._clock = clock
+        self._expiry: dict[bytes, float] = {}
+        # The same entries ordered by expiry. Entries leave both structures together, so the heap holds
+        # no stale items and its size is the dict's.
+        self._heap: list[tuple[float, bytes]] = []
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def seen(self, key: bytes, ttl_s: float) -> bool:
+        _check_ttl(ttl_s)
+        now = self._clock()
+        while self._heap and self._heap[0][0] <= now:
+            _, old = heapq.heappop(self._heap)
+            del self._expiry[old]
+        digest = _digest(key)
+        if digest in self._expiry:
+            return True
+        if len(self._expiry) >= self.max_entries:
+            _, old = heapq.heappop(self._heap)
+            del self._expiry[old]
+            self.evicted += 1
+        expiry = now + ttl_s
+        self._expiry[digest] = expiry
+        heapq.heappush(self._heap, (expiry, digest))
+        return False
+
+
+class RedisReplayCache:
+    """A store shared through Redis: one `SET key NX PX ttl` per call, atomic on the server."""
+
+    def __init__(self, url: str, prefix: str = "wsgate:replay:", timeout_s: float = 1.0) -> None:
+        self.prefix = prefix.encode()
+        # Short timeouts and no retries: a hung Redis turns into a prompt refusal instead of stalled requests,
+        # and a SET NX retried after a lost reply would report its own first attempt as a replay.
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+        )
+
+    def seen(self, key: bytes, ttl_s: float) -> bool:
+        _check_ttl(ttl_s)
+        name = self.prefix + _digest(key).hex().encode()
+        try:
+            created = self._client.set(name, b"1", nx=True, px=max(1, math.ceil(ttl_s * 1000)))
+        except redis.RedisError as exc:
+            raise faults.server(f"replay store unavailable: {type(exc).__name__}: {exc}") from None
+        return not created
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def from_url(url: str | None, max_entries: int) -> ReplayCache:
+    """The store a URL names: None or "memory" in process; redis://, rediss:// or unix:// in Redis."""
+    if url is None or url == "memory":
+        return MemoryReplayCache(max_entries)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisReplayCache(url)
+    raise ValueError(f"unknown replay store URL scheme: {url.split(':', 1)[0]!r}")

@@ -1,0 +1,153 @@
+"""`wsgate`: run, check and render the gateway; make the demo PKI; secure requests as a client."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from certs import pki
+from gateway import envoy_config
+from gateway.policy import PolicyError, load_dir
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from gateway.supervisor import Gateway, Options
+
+    opts = Options(
+        policies=args.policies, certs=args.certs, run_dir=args.run_dir, workers=args.workers, bind=args.bind,
+        http_port=args.http_port, https_port=args.https_port, admin_port=args.admin_port,
+        backend=None if args.no_backend else args.backend, log_level=args.log_level,
+    )  # fmt: skip
+    gw = Gateway(opts)
+    try:
+        gw.start()
+    except (PolicyError, RuntimeError) as exc:
+        gw.stop()
+        print(f"wsgate up: {exc}", file=sys.stderr)
+        return 1
+    print(f"WSGate is up: {len(gw.policies.routes) if gw.policies else 0} routes, {opts.workers} filter workers")
+    for name, url in gw.urls().items():
+        print(f"  {name:12} {url}")
+    print(f"  logs         {opts.run_dir / 'logs'}/   (Ctrl-C stops everything)", flush=True)
+    try:
+        gw.run_forever()
+    except RuntimeError as exc:
+        print(f"wsgate up: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        ps = load_dir(args.policies)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for r in ps.routes:
+        print(f"ok  {r.name:24} {r.profile:18} {r.match.path_prefix} -> {r.upstream.address}  ({ps.sources[r.name]})")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    try:
+        ps = load_dir(args.policies)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.target == "compose":
+        topo = envoy_config.compose_topology()
+    else:
+        topo = envoy_config.Topology(
+            filter_endpoints=tuple(f"127.0.0.1:{9100 + i}" for i in range(args.workers)),
+            certs_dir=str(args.certs), config_dir=str(args.config_dir),
+        )  # fmt: skip
+    files = envoy_config.render(ps, topo)
+    if args.out:
+        envoy_config.write(files, args.out)
+        print(f"wrote {', '.join(sorted(files))} to {args.out}", file=sys.stderr)
+    else:
+        for name in ("envoy.yaml", "lds.yaml", "cds.yaml"):
+            sys.stdout.write(f"# ---- {name}\n{files[name]}")
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    existed = (args.out / "ca.pem").exists()
+    out = pki.init(args.out, force=args.force)
+    print(f"demo PKI {'kept' if existed and not args.force else 'written'} in {out}")
+    return 0
+
+
+def cmd_filter(args: argparse.Namespace) -> int:
+    from filters import server
+
+    server.main(args.rest)
+    return 0
+
+
+def cmd_backend(args: argparse.Namespace) -> int:
+    from gateway import demo_backend
+
+    demo_backend.main(args.rest)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wsgate", description="WSGate, a WS-Security offload gateway on Envoy.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="render the config, start filter workers, Envoy and the demo backend")
+    up.add_argument("--policies", type=Path, default=Path("policies"))
+    up.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
+    up.add_argument("--run-dir", type=Path, default=Path("run"))
+    up.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="filter worker processes")
+    up.add_argument("--bind", default="127.0.0.1")
+    up.add_argument("--http-port", type=int, default=8080)
+    up.add_argument("--https-port", type=int, default=8443)
+    up.add_argument("--admin-port", type=int, default=9901)
+    up.add_argument("--backend", default="127.0.0.1:8081", help="where the demo backend listens")
+    up.add_argument("--no-backend", action="store_true", help="do not start the demo backend")
+    up.add_argument("--log-level", default="warning")
+    up.set_defaults(func=cmd_up)
+
+    check = sub.add_parser("check", help="validate policy files")
+    check.add_argument("policies", type=Path, nargs="?", default=Path("policies"))
+    check.set_defaults(func=cmd_check)
+
+    render = sub.add_parser("render", help="print (or write) the Envoy configuration")
+    render.add_argument("--policies", type=Path, default=Path("policies"))
+    render.add_argument("--target", choices=["local", "compose"], default="local")
+    render.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    render.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
+    render.add_argument("--config-dir", type=Path, default=Path("run/envoy"))
+    render.add_argument("--out", type=Path, help="write envoy.yaml, lds.yaml and cds.yaml into this folder")
+    render.set_defaults(func=cmd_render)
+
+    certs = sub.add_parser("certs", help="demo PKI")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True)
+    init = certs_sub.add_parser("init", help="make the demo CA, certificates, HMAC keys and users")
+    init.add_argument("--out", type=Path, default=pki.DEFAULT_DIR)
+    init.add_argument("--force", action="store_true", help="replace an existing PKI")
+    init.set_defaults(func=cmd_certs)
+
+    filt = sub.add_parser("filter", help="run one ext_proc filter worker", add_help=False)
+    filt.add_argument("rest", nargs=argparse.REMAINDER)
+    filt.set_defaults(func=cmd_filter)
+
+    backend = sub.add_parser("backend", help="run the demo SOAP backend", add_help=False)
+    backend.add_argument("rest", nargs=argparse.REMAINDER)
+    backend.set_defaults(func=cmd_backend)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

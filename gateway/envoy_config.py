@@ -1,0 +1,397 @@
+"""Policies -> Envoy configuration, deterministically (same policies and topology, same bytes).
+
+Envoy runs from a small bootstrap whose listeners and clusters come from two watched files (lds.yaml, cds.yaml):
+a policy change is rendered into new files that replace the old ones atomically, and Envoy applies them
+without dropping in-flight requests (old listeners drain)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.policy import PolicySet, Route
+
+EXT_PROC = "envoy.filters.http.ext_proc"
+RBAC = "envoy.filters.http.rbac"
+ROUTE_METADATA = "x-wsgate-route"  # filters/server.py reads it
+FILTER_CLUSTER = "wsgate_filter"
+SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
+SOAP12 = "http://www.w3.org/2003/05/soap-envelope"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where things are. The local topology and the Compose one differ only here, never in the routes."""
+
+    filter_endpoints: tuple[str, ...] = ("127.0.0.1:9100", "127.0.0.1:9101")
+    filter_dns: bool = False  # Compose: one name that resolves to every filter replica
+    bind: str = "127.0.0.1"
+    http_port: int = 8080
+    https_port: int = 8443
+    admin_port: int = 9901
+    certs_dir: str = "certs/out"
+    config_dir: str = "run/envoy"
+    max_connections: int = 50_000
+    filter_timeout_ms: int = 3000  # RSA work at saturation needs more than Envoy's 200 ms default
+
+
+def compose_topology() -> Topology:
+    return Topology(
+        filter_endpoints=("filter:9000",),
+        filter_dns=True,
+        bind="0.0.0.0",
+        certs_dir="/certs",
+        config_dir="/config",
+    )
+
+
+def _address(addr: str) -> dict[str, Any]:
+    host, port = addr.rsplit(":", 1)
+    return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _soap_fault(version: str, code: str, text: str) -> str:
+    if version == "1.2":
+        return (
+            f'<env:Envelope xmlns:env="{SOAP12}"><env:Body><env:Fault><env:Code><env:Value>{code}</env:Value>'
+            f'</env:Code><env:Reason><env:Text xml:lang="en">{text}</env:Text></env:Reason></env:Fault>'
+            "</env:Body></env:Envelope>"
+        )
+    return (
+        f'<soap:Envelope xmlns:soap="{SOAP11}"><soap:Body><soap:Fault><faultcode>{code}</faultcode>'
+        f"<faultstring>{text}</faultstring></soap:Fault></soap:Body></soap:Envelope>"
+    )
+
+
+# Envoy's own refusals (no route, too large, upstream down or slow, filter down, mTLS missing) become SOAP faults
+# with a generic text; the precise reason (%RESPONSE_CODE_DETAILS%) goes to the access log only. The filter's own
+# faults are 500/502 and already SOAP, so those codes are left alone.
+ENVOY_REPLIES: dict[int, str] = {
+    400: "Bad request",
+    403: "Access denied",
+    404: "No such service",
+    408: "Request timeout",
+    413: "Message too large",
+    426: "This service requires HTTPS",
+    431: "Request headers too large",
+    503: "Service unavailable",
+    504: "Service timed out",
+}
+FILTER_FAILURE_STATUS = 503
+ACCESS_LOG_FORMAT = (
+    '[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" %RESPONSE_CODE% '
+    "%RESPONSE_CODE_DETAILS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION%ms route=%ROUTE_NAME% "
+    'upstream=%UPSTREAM_HOST% peer="%DOWNSTREAM_PEER_SUBJECT%"\n'
+)
+
+
+def _local_reply_config() -> dict[str, Any]:
+    soap12_request = {"header_filter": {"header": {
+        "name": "content-type", "string_match": {"contains": "application/soap+xml", "ignore_case": True}}}}  # fmt: skip
+    mappers = []
+    for code, text in ENVOY_REPLIES.items():
+        status = {"status_code_filter": {"comparison": {
+            "op": "EQ", "value": {"default_value": code, "runtime_key": f"wsgate.local_reply.{code}"}}}}  # fmt: skip
+        sender = code < 500
+        mappers.append({
+            "filter": {"and_filter": {"filters": [status, soap12_request]}},
+            "body_format_override": {
+                "text_format_source": {"inline_string": _soap_fault("1.2", "env:Sender" if sender else "env:Receiver", text)},
+                "content_type": "application/soap+xml; charset=utf-8",
+            },
+        })  # fmt: skip
+        mappers.append({
+            "filter": status,
+            "body_format_override": {
+                "text_format_source": {"inline_string": _soap_fault("1.1", "soap:Client" if sender else "soap:Server", text)},
+                "content_type": "text/xml; charset=utf-8",
+            },
+        })  # fmt: skip
+    return {"mappers": mappers}
+
+
+_DISABLED = {EXT_PROC: {"@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+                        "disabled": True}}  # fmt: skip
+
+
+def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
+    """Envoy routes for one policy route (two when a SOAPAction is matched: the 1.1 header or the 1.2 action)."""
+    matches: list[dict[str, Any]] = []
+    base = {"prefix": route.match.path_prefix}
+    if route.match.soap_action is None:
+        matches.append(base)
+    else:
+        quoted = '"' + route.match.soap_action + '"'
+        matches.append(
+            {**base, "headers": [{"name": "soapaction", "string_match": {"exact": route.match.soap_action}}]}
+        )
+        matches.append({**base, "headers": [{"name": "soapaction", "string_match": {"exact": quoted}}]})
+        matches.append(
+            {
+                **base,
+                "headers": [
+                    {
+                        "name": "content-type",
+                        "string_match": {"contains": f'action="{route.match.soap_action}"'},
+                    }
+                ],
+            }
+        )
+
+    entries = []
+    for m in matches:
+        entry: dict[str, Any] = {"name": route.name, "match": m}
+        if route.profile == "tls" and not tls_listener:
+            # A `tls` route is not served over plain HTTP: 426 Upgrade Required (a SOAP fault), never the backend.
+            entry["direct_response"] = {"status": 426}
+            entry["typed_per_filter_config"] = _DISABLED
+            entries.append(entry)
+            continue
+        entry["route"] = {"cluster": f"upstream_{route.name}", "timeout": f"{route.upstream.timeout_s:g}s"}
+        per_filter: dict[str, Any] = dict(_DISABLED)
+        if route.touches_xml:
+            per_filter[EXT_PROC] = {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+                "overrides": {"grpc_initial_metadata": [{"key": ROUTE_METADATA, "value": route.name}]},
+            }
+        if route.tls.require_client_certificate:
+            # Client certificates are verified at the handshake when sent; this route refuses connections without one.
+            per_filter[RBAC] = {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBACPerRoute",
+                "rbac": {"rules": {"action": "ALLOW", "policies": {"client-certificate": {
+                    "permissions": [{"any": True}],
+                    "principals": [{"authenticated": {"principal_name": {"safe_regex": {"regex": ".+"}}}}],
+                }}}},
+            }  # fmt: skip
+        entry["typed_per_filter_config"] = per_filter
+        if route.tls.subject_header and tls_listener:
+            entry["request_headers_to_remove"] = [route.tls.subject_header]
+            entry["request_headers_to_add"] = [
+                {"header": {"key": route.tls.subject_header, "value": "%DOWNSTREAM_PEER_SUBJECT%"},
+                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            ]  # fmt: skip
+        elif route.tls.subject_header:
+            entry["request_headers_to_remove"] = [route.tls.subject_header]
+        entries.append(entry)
+    return entries
+
+
+def _http_connection_manager(policies: PolicySet, topo: Topology, tls_listener: bool) -> dict[str, Any]:
+    name = "https" if tls_listener else "http"
+    routes = [e for r in policies.routes for e in _route_entries(r, tls_listener)]
+    # Anything no policy names is answered here, as a SOAP fault, and never reaches the filter or a backend.
+    routes.append({
+        "name": "no-policy",
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 404},
+        "typed_per_filter_config": _DISABLED,
+    })  # fmt: skip
+    http_filters: list[dict[str, Any]] = [
+        {
+            "name": EXT_PROC,
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+                "grpc_service": {
+                    "envoy_grpc": {
+                        "cluster_name": FILTER_CLUSTER,
+                        "max_receive_message_length": _max_body(policies) + 65536,
+                    },
+                    "timeout": f"{topo.filter_timeout_ms / 1000:g}s",
+                },
+                "failure_mode_allow": False,  # fail closed: nothing reaches a secured backend unprocessed
+                "status_on_error": {"code": FILTER_FAILURE_STATUS},
+                "message_timeout": f"{topo.filter_timeout_ms / 1000:g}s",
+                "processing_mode": {
+                    "request_header_mode": "SEND",
+                    "response_header_mode": "SEND",
+                    "request_body_mode": "BUFFERED",
+                    "response_body_mode": "BUFFERED",
+                    "request_trailer_mode": "SKIP",
+                    "response_trailer_mode": "SKIP",
+                },
+                "mutation_rules": {"allow_all_routing": False, "disallow_system": True},
+            },
+        }
+    ]
+    if any(r.tls.require_client_certificate for r in policies.routes):
+        http_filters.append({
+            "name": RBAC,
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"},
+        })  # fmt: skip
+    http_filters.append(
+        {"name": "envoy.filters.http.router",
+         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+    )  # fmt: skip
+    return {
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": name,
+            "codec_type": "AUTO",
+            "server_header_transformation": "PASS_THROUGH",
+            "route_config": {
+                "name": f"{name}_routes",
+                "virtual_hosts": [{"name": "soap", "domains": ["*"], "routes": routes}],
+            },
+            "local_reply_config": _local_reply_config(),
+            "access_log": [
+                {
+                    "name": "envoy.access_loggers.stdout",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+                        "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}},
+                    },
+                }
+            ],
+            "http_filters": http_filters,
+        },
+    }
+
+
+def _max_body(policies: PolicySet) -> int:
+    return max(max(r.limits.max_body_bytes, r.response_limits.max_body_bytes) for r in policies.routes)
+
+
+def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
+    buffer_limit = _max_body(policies) + 65536
+    plain = {
+        "name": "http",
+        "address": _address(f"{topo.bind}:{topo.http_port}"),
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "filter_chains": [{"filters": [_http_connection_manager(policies, topo, tls_listener=False)]}],
+    }
+    certs = topo.certs_dir
+    tls = {
+        "name": "https",
+        "address": _address(f"{topo.bind}:{topo.https_port}"),
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "filter_chains": [
+            {
+                "filters": [_http_connection_manager(policies, topo, tls_listener=True)],
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.tls",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                        "common_tls_context": {
+                            "alpn_protocols": ["http/1.1"],
+                            "tls_certificates": [
+                                {
+                                    "certificate_chain": {"filename": f"{certs}/gateway-tls.pem"},
+                                    "private_key": {"filename": f"{certs}/gateway-tls.key"},
+                                }
+                            ],
+                            # Client certificates are verified when presented; routes that require one say so.
+                            "validation_context": {"trusted_ca": {"filename": f"{certs}/ca.pem"}},
+                        },
+                        "require_client_certificate": False,
+                    },
+                },
+            }
+        ],
+    }
+    return [plain, tls]
+
+
+def _cluster(name: str, endpoints: list[str], dns: bool) -> dict[str, Any]:
+    hosts = [e.rsplit(":", 1)[0].strip("[]") for e in endpoints]
+    return {
+        "name": name,
+        "type": "STRICT_DNS" if dns or not all(_is_ip(h) for h in hosts) else "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "LEAST_REQUEST",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(e)}} for e in endpoints]}],
+        },
+    }
+
+
+def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
+    buffer_limit = _max_body(policies) + 65536
+    filt = _cluster(FILTER_CLUSTER, list(topo.filter_endpoints), topo.filter_dns)
+    filt["per_connection_buffer_limit_bytes"] = buffer_limit
+    # ext_proc is gRPC: the cluster must speak HTTP/2 or every exchange fails.
+    filt["typed_extension_protocol_options"] = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {
+                "initial_stream_window_size": 16 * 1024 * 1024, "initial_connection_window_size": 32 * 1024 * 1024}},
+        }
+    }  # fmt: skip
+    clusters = [filt]
+    for r in policies.routes:
+        c = _cluster(f"upstream_{r.name}", [r.upstream.address], dns=False)
+        c["per_connection_buffer_limit_bytes"] = r.response_limits.max_body_bytes + 65536
+        if r.upstream.tls:
+            validation: dict[str, Any] = (
+                {"trusted_ca": {"filename": r.upstream.ca}}
+                if r.upstream.ca
+                else {"trusted_ca": {"filename": "/etc/ssl/certs/ca-certificates.crt"}}
+            )
+            c["transport_socket"] = {
+                "name": "envoy.transport_sockets.tls",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                    "sni": r.upstream.sni or r.upstream.host,
+                    "common_tls_context": {"validation_context": validation},
+                },
+            }
+        clusters.append(c)
+    return clusters
+
+
+def bootstrap(topo: Topology) -> dict[str, Any]:
+    cfg = topo.config_dir
+    return {
+        "node": {"id": "wsgate", "cluster": "wsgate"},
+        "admin": {"address": _address(f"127.0.0.1:{topo.admin_port}" if topo.bind == "127.0.0.1" else f"0.0.0.0:{topo.admin_port}")},
+        "dynamic_resources": {
+            "lds_config": {"path_config_source": {"path": f"{cfg}/lds.yaml", "watched_directory": {"path": cfg}},
+                           "resource_api_version": "V3"},
+            "cds_config": {"path_config_source": {"path": f"{cfg}/cds.yaml", "watched_directory": {"path": cfg}},
+                           "resource_api_version": "V3"},
+        },
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                "max_active_downstream_connections": topo.max_connections}}]},
+    }  # fmt: skip
+
+
+def render(policies: PolicySet, topo: Topology) -> dict[str, str]:
+    """The three files Envoy reads: envoy.yaml (bootstrap), lds.yaml and cds.yaml."""
+    lds = {
+        "resources": [
+            {"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **lis} for lis in _listeners(policies, topo)
+        ]
+    }
+    cds = {"resources": [{"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", **c}
+                         for c in _clusters(policies, topo)]}  # fmt: skip
+    return {"envoy.yaml": _dump(bootstrap(topo)), "lds.yaml": _dump(lds), "cds.yaml": _dump(cds)}
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, width=200)
+
+
+def write(files: dict[str, str], directory: Path) -> None:
+    """Write atomically (rename), bootstrap first, so Envoy's directory watch never reads a half file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("envoy.yaml", "cds.yaml", "lds.yaml"):  # clusters before the listeners that use them
+        tmp = directory / f".{name}.tmp"
+        tmp.write_text(files[name])
+        os.replace(tmp, directory / name)

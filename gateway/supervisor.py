@@ -1,0 +1,218 @@
+"""Process supervision for `wsgate up`: filter workers, Envoy and the demo backend on one machine.
+
+Start order: backend, filter workers, Envoy (so Envoy never sees a missing filter). A worker that dies is
+restarted; Envoy dying stops the gateway. Policy files are watched: a valid change is loaded by the workers
+(SIGHUP) and then written as Envoy's new listener and cluster files, which Envoy applies without dropping
+in-flight requests; an invalid change is logged and the running policies stay."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from certs import pki
+from gateway import envoy_config
+from gateway.policy import PolicyError, PolicySet, load_dir
+
+log = logging.getLogger("wsgate.up")
+
+
+@dataclass
+class Options:
+    policies: Path = Path("policies")
+    certs: Path = pki.DEFAULT_DIR
+    run_dir: Path = Path("run")
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    bind: str = "127.0.0.1"
+    http_port: int = 8080
+    https_port: int = 8443
+    admin_port: int = 9901
+    filter_port: int = 9100  # workers listen on filter_port, filter_port + 1, ...
+    metrics_port: int | None = 9200  # worker i exports metrics on metrics_port + i
+    backend: str | None = "127.0.0.1:8081"  # None: do not start the demo backend
+    envoy_concurrency: int = 1  # measured: on 2 cores one Envoy thread keeps throughput and cuts p99
+    log_level: str = "warning"
+
+    def topology(self) -> envoy_config.Topology:
+        return envoy_config.Topology(
+            filter_endpoints=tuple(f"127.0.0.1:{self.filter_port + i}" for i in range(self.workers)),
+            bind=self.bind,
+            http_port=self.http_port,
+            https_port=self.https_port,
+            admin_port=self.admin_port,
+            certs_dir=str(self.certs.resolve()),
+            config_dir=str((self.run_dir / "envoy").resolve()),
+        )
+
+
+def _wait_tcp(host: str, port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} while starting")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")
+
+
+def _policy_signature(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    return tuple(
+        (p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(directory.glob("*.y*ml")) if p.is_file()
+    )
+
+
+class Gateway:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.envoy: subprocess.Popen[bytes] | None = None
+        self.backend: subprocess.Popen[bytes] | None = None
+        self.policies: PolicySet | None = None
+        self._signature: tuple[tuple[str, int, int], ...] = ()
+        self.logs = opts.run_dir / "logs"
+
+    # -- start ---------------------------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        out = open(self.logs / f"{name}.log", "ab")
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _spawn_worker(self, i: int) -> subprocess.Popen[bytes]:
+        o = self.opts
+        argv = [sys.executable, "-m", "filters.server", "--policies", str(o.policies),
+                "--listen", f"127.0.0.1:{o.filter_port + i}", "--log-level", o.log_level.upper()]  # fmt: skip
+        if o.metrics_port:
+            argv += ["--metrics-port", str(o.metrics_port + i)]
+        return self._spawn(f"filter-{i}", argv)
+
+    def render(self) -> None:
+        assert self.policies is not None
+        files = envoy_config.render(self.policies, self.opts.topology())
+        envoy_config.write(files, self.opts.run_dir / "envoy")
+
+    def start(self) -> None:
+        o = self.opts
+        pki.init(o.certs)
+        self.policies = load_dir(o.policies)
+        self._signature = _policy_signature(o.policies)
+        self.render()
+        if o.backend:
+            self.backend = self._spawn("backend", [sys.executable, "-m", "gateway.demo_backend", "--listen", o.backend])
+            host, port = o.backend.rsplit(":", 1)
+            _wait_tcp(host, int(port), self.backend, "demo backend")
+        self.workers = [self._spawn_worker(i) for i in range(o.workers)]
+        for i, w in enumerate(self.workers):
+            _wait_tcp("127.0.0.1", o.filter_port + i, w, f"filter worker {i}")
+        envoy_bin = str(Path(sys.executable).with_name("envoy"))
+        self.envoy = self._spawn("envoy", [
+            envoy_bin, "-c", str(o.run_dir / "envoy" / "envoy.yaml"), "--concurrency", str(o.envoy_concurrency),
+            "--log-level", o.log_level, "--drain-time-s", "5",
+            # Several gateways (tests, side-by-side benchmarks) may share a machine: no fixed shared-memory id.
+            "--use-dynamic-base-id"])  # fmt: skip
+        self._wait_envoy_ready()
+
+    def _wait_envoy_ready(self, timeout: float = 30) -> None:
+        assert self.envoy is not None
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.opts.admin_port}/ready"
+        while time.monotonic() < deadline:
+            if self.envoy.poll() is not None:
+                raise RuntimeError(f"envoy exited with status {self.envoy.returncode}; see {self.logs}/envoy.log")
+            try:
+                with urllib.request.urlopen(url, timeout=0.5) as r:
+                    if r.status == 200:
+                        _wait_tcp(self.opts.bind, self.opts.http_port, self.envoy, "envoy")
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"envoy not ready within {timeout:.0f}s; see {self.logs}/envoy.log")
+
+    def urls(self) -> dict[str, str]:
+        o = self.opts
+        return {
+            "http": f"http://{o.bind}:{o.http_port}",
+            "https": f"https://{o.bind}:{o.https_port}",
+            "envoy admin": f"http://127.0.0.1:{o.admin_port}",
+            **({"metrics": f"http://127.0.0.1:{o.metrics_port}/metrics (worker 0)"} if o.metrics_port else {}),
+            **({"backend": f"http://{o.backend}"} if o.backend else {}),
+        }
+
+    # -- run -----------------------------------------------------------------------------------------------
+    def reload_if_changed(self) -> bool:
+        """Apply changed policy files; returns True when new policies went live."""
+        sig = _policy_signature(self.opts.policies)
+        if sig == self._signature:
+            return False
+        self._signature = sig
+        try:
+            policies = load_dir(self.opts.policies)
+        except PolicyError as exc:
+            log.error("policy change refused, the running policies stay:\n%s", exc)
+            return False
+        self.policies = policies
+        for w in self.workers:
+            w.send_signal(signal.SIGHUP)
+        self.render()
+        log.info("policies reloaded: %d routes", len(policies.routes))
+        return True
+
+    def supervise_once(self) -> None:
+        for i, w in enumerate(self.workers):
+            if w.poll() is not None:
+                log.error("filter worker %d exited (status %s); restarting it", i, w.returncode)
+                self.workers[i] = self._spawn_worker(i)
+        if self.envoy is not None and self.envoy.poll() is not None:
+            raise RuntimeError(f"envoy exited with status {self.envoy.returncode}; see {self.logs}/envoy.log")
+        self.reload_if_changed()
+
+    def run_forever(self, interval: float = 1.0) -> None:
+        stop = False
+
+        def on_signal(signum: int, frame: object) -> None:
+            nonlocal stop
+            stop = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            while not stop:
+                self.supervise_once()
+                time.sleep(interval)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        # Envoy first so no new request reaches a stopping worker; then the workers finish in-flight exchanges.
+        procs = [p for p in [self.envoy, *self.workers, self.backend] if p is not None and p.poll() is None]
+        for p in procs:
+            p.terminate()
+        deadline = time.monotonic() + 10
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> Gateway:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,78 @@
+"""Start the real gateway (Envoy, filter workers, demo backend) on free loopback ports for a test."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+from gateway.supervisor import Gateway, Options
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def write_policies(directory: Path, routes: list[dict]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "routes.yaml").write_text(yaml.safe_dump({"routes": routes}, sort_keys=False))
+    return directory
+
+
+@contextmanager
+def running_gateway(
+    tmp: Path, routes: list[dict], pki: Path, workers: int = 1, backend: bool = True
+) -> Iterator[Gateway]:
+    """`routes` may use the placeholder BACKEND for the demo backend's address."""
+    http, https, admin, filt, back = free_ports(5)
+    backend_addr = f"127.0.0.1:{back}"
+    routes = yaml.safe_load(yaml.safe_dump(routes).replace("BACKEND", backend_addr))
+    opts = Options(
+        policies=write_policies(tmp / "policies", routes),
+        certs=pki,
+        run_dir=tmp / "run",
+        workers=workers,
+        http_port=http,
+        https_port=https,
+        admin_port=admin,
+        filter_port=filt if workers == 1 else free_ports(1)[0],
+        metrics_port=None,
+        backend=backend_addr if backend else None,
+    )
+    if workers > 1:  # consecutive ports for the workers
+        base = opts.filter_port
+        while True:
+            try:
+                for p in range(base, base + workers):
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", p))
+                break
+            except OSError:
+                base += workers + 1
+        opts.filter_port = base
+    with Gateway(opts) as gw:
+        gw.backend_addr = backend_addr  # type: ignore[attr-defined]
+        yield gw
+
+
+def envelope(body_xml: str, version: str = "1.1", header_xml: str = "") -> bytes:
+    soap = (
+        "http://www.w3.org/2003/05/soap-envelope" if version == "1.2" else "http://schemas.xmlsoap.org/soap/envelope/"
+    )
+    header = f"<soap:Header>{header_xml}</soap:Header>" if header_xml else ""
+    return (f'<soap:Envelope xmlns:soap="{soap}">{header}<soap:Body>{body_xml}</soap:Body></soap:Envelope>').encode()
+
+
+def content_type(version: str) -> str:
+    return "application/soap+xml; charset=utf-8" if version == "1.2" else "text/xml; charset=utf-8"

@@ -1,0 +1,312 @@
+"""Replay stores: the bounded memory store and the Redis store against a real redis-server."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from filters import faults
+from filters.replay import MemoryReplayCache, RedisReplayCache, from_url
+
+
+class Clock:
+    """A hand-driven monotonic clock, so expiry is tested without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# Loopback only, and nothing written to disk.
+REDIS_FLAGS = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A throwaway redis-server on a free loopback port; a few tries, as another process may take the port."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is needed: apt-get install -y redis-server"
+    for _ in range(5):
+        port = free_port()
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--dir", str(tmp), *REDIS_FLAGS],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        probe = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 10
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    # Ours, not some other server that took the port first.
+                    if probe.info("server")["process_id"] == proc.pid:
+                        return proc, url
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+        finally:
+            probe.close()
+        stop(proc)
+    raise RuntimeError("redis-server did not start")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
+    stop(proc)
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> str:
+    client = redis.Redis.from_url(redis_server)
+    client.flushdb()
+    client.close()
+    return redis_server
+
+
+# --- memory store
+
+
+def test_memory_first_sight_then_replay() -> None:
+    cache = MemoryReplayCache(max_entries=10)
+    assert cache.seen(b"nonce-1", 60) is False
+    assert cache.seen(b"nonce-1", 60) is True
+    assert cache.seen(b"nonce-2", 60) is False
+    assert len(cache) == 2
+
+
+def test_memory_expiry() -> None:
+    clock = Clock()
+    cache = MemoryReplayCache(max_entries=10, clock=clock)
+    assert not cache.seen(b"a", 10)
+    assert not cache.seen(b"b", 20)
+    clock.now += 9
+    assert cache.seen(b"a", 10)
+    clock.now += 1
+    assert not cache.seen(b"a", 10)  # expired after 10s, recorded afresh until 1020
+    assert cache.seen(b"b", 20)
+    clock.now += 9
+    assert cache.seen(b"a", 10)
+    clock.now += 100
+    assert len(cache) == 2  # expired entries are dropped by the next call
+    assert not cache.seen(b"c", 1)
+    assert len(cache) == 1
+
+
+def test_memory_replay_does_not_extend_ttl() -> None:
+    clock = Clock()
+    cache = MemoryReplayCache(max_entries=10, clock=clock)
+    assert not cache.seen(b"a", 10)
+    clock.now += 5
+    assert cache.seen(b"a", 100)
+    clock.now += 5
+    assert not cache.seen(b"a", 10)
+
+
+def test_memory_never_grows_past_max_entries() -> None:
+    cache = MemoryReplayCache(max_entries=1000)
+    for i in range(2000):
+        assert not cache.seen(i.to_bytes(4, "big"), 3600)
+        assert len(cache) <= 1000
+    assert len(cache) == 1000
+    assert cache.evicted == 1000
+    assert len(cache._heap) == 1000
+
+
+def test_memory_evicts_soonest_to_expire_first() -> None:
+    clock = Clock()
+    cache = MemoryReplayCache(max_entries=3, clock=clock)
+    assert not cache.seen(b"long", 300)
+    assert not cache.seen(b"short", 10)
+    assert not cache.seen(b"mid", 100)
+    assert not cache.seen(b"new", 200)  # full: "short" makes room
+    assert cache.evicted == 1
+    assert cache.seen(b"long", 300)
+    assert cache.seen(b"mid", 100)
+    assert cache.seen(b"new", 200)
+    assert not cache.seen(b"short", 10)  # forgotten: the price of a store that is too small
+    assert cache.evicted == 2  # ... and recording it again pushed out "mid", now the soonest to expire
+    assert len(cache) == 3
+
+
+def test_memory_prefers_expired_entries_to_eviction() -> None:
+    clock = Clock()
+    cache = MemoryReplayCache(max_entries=2, clock=clock)
+    assert not cache.seen(b"a", 1)
+    assert not cache.seen(b"b", 100)
+    clock.now += 2
+    assert not cache.seen(b"c", 100)
+    assert cache.evicted == 0
+    assert cache.seen(b"b", 100)
+
+
+def test_memory_stores_fixed_size_digests() -> None:
+    cache = MemoryReplayCache(max_entries=10)
+    cache.seen(b"x" * 100_000, 60)
+    cache.seen(b"", 60)
+    assert cache.seen(b"x" * 100_000, 60)
+    assert cache.seen(b"", 60)
+    assert {len(k) for k in cache._expiry} == {16}
+
+
+@pytest.mark.parametrize("ttl", [0, -1, float("nan")])
+def test_non_positive_ttl_refused(ttl: float) -> None:
+    with pytest.raises(ValueError):
+        MemoryReplayCache(max_entries=10).seen(b"a", ttl)
+
+
+def test_memory_needs_room_for_one() -> None:
+    with pytest.raises(ValueError):
+        MemoryReplayCache(max_entries=0)
+
+
+# --- Redis store
+
+
+def test_redis_first_sight_then_replay(redis_url: str) -> None:
+    cache = RedisReplayCache(redis_url)
+    try:
+        assert cache.seen(b"nonce-1", 60) is False
+        assert cache.seen(b"nonce-1", 60) is True
+        assert cache.seen(b"nonce-2", 60) is False
+    finally:
+        cache.close()
+
+
+def test_redis_key_shape_and_ttl(redis_url: str) -> None:
+    cache = RedisReplayCache(redis_url, prefix="t:")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert not cache.seen(b"x" * 10_000, 30.5)
+        (key,) = client.keys("*")
+        assert key.startswith(b"t:") and len(key) == 2 + 32  # 16-byte digest in hex
+        assert 29_000 < client.pttl(key) <= 30_500
+    finally:
+        cache.close()
+        client.close()
+
+
+def test_redis_expiry(redis_url: str) -> None:
+    cache = RedisReplayCache(redis_url)
+    try:
+        assert not cache.seen(b"short", 0.1)
+        assert cache.seen(b"short", 0.1)
+        time.sleep(0.25)
+        assert not cache.seen(b"short", 0.1)
+        # A TTL under a millisecond is rounded up to one: recorded, and gone soon after (never "no expiry").
+        assert not cache.seen(b"tiny", 0.0001)
+        time.sleep(0.05)
+        assert not cache.seen(b"tiny", 60)
+    finally:
+        cache.close()
+
+
+def test_redis_instances_share_the_server(redis_url: str) -> None:
+    one, two = RedisReplayCache(redis_url), RedisReplayCache(redis_url)
+    try:
+        assert not one.seen(b"shared", 60)
+        assert two.seen(b"shared", 60)
+        assert not two.seen(b"other", 60)
+        assert one.seen(b"other", 60)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_redis_prefixes_separate_stores(redis_url: str) -> None:
+    one, two = RedisReplayCache(redis_url, prefix="a:"), RedisReplayCache(redis_url, prefix="b:")
+    try:
+        assert not one.seen(b"k", 60)
+        assert not two.seen(b"k", 60)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_redis_only_one_of_many_racers_wins(redis_url: str) -> None:
+    caches = [RedisReplayCache(redis_url) for _ in range(8)]
+    try:
+        assert [c.seen(b"race", 60) for c in caches].count(False) == 1
+    finally:
+        for c in caches:
+            c.close()
+
+
+def test_redis_unreachable_is_a_server_fault() -> None:
+    cache = RedisReplayCache(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
+    with pytest.raises(faults.Fault) as info:
+        cache.seen(b"a", 60)
+    assert info.value.sender is False
+    assert info.value.http_status == 500
+    assert "replay store unavailable" in info.value.reason
+    cache.close()
+
+
+def test_redis_dying_mid_use_is_a_server_fault(tmp_path: Path) -> None:
+    proc, url = start_redis(tmp_path)
+    cache = RedisReplayCache(url, timeout_s=0.5)
+    try:
+        assert not cache.seen(b"a", 60)
+        stop(proc)
+        with pytest.raises(faults.Fault) as info:
+            cache.seen(b"a", 60)
+        assert info.value.sender is False
+    finally:
+        stop(proc)
+        cache.close()
+
+
+def test_redis_auth_failure_is_a_server_fault_without_the_password(redis_url: str) -> None:
+    cache = RedisReplayCache(redis_url.replace("redis://", "redis://user:s3cret-pw@"))
+    with pytest.raises(faults.Fault) as info:
+        cache.seen(b"a", 60)
+    assert info.value.sender is False
+    assert "s3cret-pw" not in info.value.reason
+    cache.close()
+
+
+# --- from_url
+
+
+def test_from_url_memory() -> None:
+    for url in (None, "memory"):
+        cache = from_url(url, max_entries=7)
+        assert isinstance(cache, MemoryReplayCache)
+        assert cache.max_entries == 7
+
+
+def test_from_url_redis(redis_url: str) -> None:
+    cache, other = from_url(redis_url, max_entries=7), RedisReplayCache(redis_url)
+    try:
+        assert isinstance(cache, RedisReplayCache)
+        assert not cache.seen(b"via-url", 60)
+        assert other.seen(b"via-url", 60)
+    finally:
+        other.close()
+
+
+def test_from_url_unknown_scheme_names_only_the_scheme() -> None:
+    with pytest.raises(ValueError, match="'memcached'") as info:
+        from_url("memcached://user:pw@host", max_entries=7)
+    assert "pw" not in str(info.value)
