@@ -1,0 +1,90 @@
+"""Policy validation: errors name the file, the route and the field; `wsgate check` reports them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.policy import PolicyError, load_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp: Path, name: str, text: str) -> Path:
+    (tmp / name).write_text(text)
+    return tmp
+
+
+GOOD = """
+routes:
+  - name: orders
+    match: {path_prefix: /orders/}
+    upstream: {address: "127.0.0.1:9000"}
+    profile: xml
+"""
+
+
+def test_repo_policies_are_valid() -> None:
+    ps = load_dir(REPO / "policies")
+    assert {r.profile for r in ps.routes} >= {"none", "xml", "tls"}
+
+
+def test_good_policy_loads_with_defaults(tmp_path: Path) -> None:
+    ps = load_dir(write(tmp_path, "a.yaml", GOOD))
+    route = ps.route("orders")
+    assert route.limits.max_body_bytes == 10 * 1024 * 1024
+    assert route.timestamp.required is True
+    assert ps.sources["orders"].endswith("a.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (GOOD.replace("profile: xml", "profile: saml"), "field profile"),
+        (GOOD.replace('"127.0.0.1:9000"', '"no-port"'), "field upstream.address"),
+        (GOOD.replace("/orders/", "orders"), "field match.path_prefix"),
+        (GOOD + "    limits: {max_depth: 1000}\n", "field limits.max_depth"),
+        (GOOD + "    colour: blue\n", "field colour"),
+        (GOOD + "    signature: {parts: [timestamp]}\n", "field signature.parts"),
+        (GOOD + "    username_token: {required: true}\n", "field username_token"),
+    ],
+)
+def test_errors_name_file_route_and_field(tmp_path: Path, text: str, field: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        load_dir(write(tmp_path, "orders.yaml", text))
+    msg = str(err.value)
+    assert f"{tmp_path / 'orders.yaml'}: route orders: {field}" in msg
+
+
+def test_duplicate_route_names_across_files(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", GOOD)
+    write(tmp_path, "b.yaml", GOOD.replace("/orders/", "/other/"))
+    with pytest.raises(PolicyError, match=r"b.yaml: route orders: field name: already defined in .*a.yaml"):
+        load_dir(tmp_path)
+
+
+def test_unset_environment_variable_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="WSGATE_TEST_UNSET_VAR is not set"):
+        load_dir(write(tmp_path, "a.yaml", GOOD.replace('"127.0.0.1:9000"', '"${WSGATE_TEST_UNSET_VAR}"')))
+
+
+def test_environment_default_is_used(tmp_path: Path) -> None:
+    ps = load_dir(
+        write(tmp_path, "a.yaml", GOOD.replace('"127.0.0.1:9000"', '"${WSGATE_TEST_UNSET_VAR:-10.1.2.3:81}"'))
+    )
+    assert ps.route("orders").upstream.address == "10.1.2.3:81"
+
+
+def test_wsgate_check_cli(tmp_path: Path) -> None:
+    bad = write(tmp_path, "orders.yaml", GOOD.replace("profile: xml", "profile: saml"))
+    run = subprocess.run([sys.executable, "-m", "gateway.cli", "check", str(bad)], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "route orders: field profile" in run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check", str(REPO / "policies")], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert "ok  xml" in run.stdout
