@@ -56,9 +56,9 @@ class RoutePipeline:
 def build_pipeline(route: Route) -> RoutePipeline:
     if route.profile == "xml":
         return RoutePipeline(route)
-    from filters.wssecurity import build_secured_pipeline
+    from filters.profiles import SecuredPipeline  # profiles builds on this module
 
-    return build_secured_pipeline(route)
+    return SecuredPipeline(route)
 
 
 class Engine:

@@ -104,7 +104,8 @@ class Processor(pb_grpc.ExternalProcessorServicer):
                         )
                     if req.request_headers.end_of_stream:
                         raise faults.client("request without a body")
-                    spoofed = [k for k in headers if k.startswith(GATEWAY_HEADER_PREFIX)]
+                    identity = pipeline.route.identity_header
+                    spoofed = [k for k in headers if k.startswith(GATEWAY_HEADER_PREFIX) or k == identity]
                     yield pb.ProcessingResponse(
                         request_headers=pb.HeadersResponse(
                             response=pb.CommonResponse(header_mutation=pb.HeaderMutation(remove_headers=spoofed))
@@ -128,6 +129,8 @@ class Processor(pb_grpc.ExternalProcessorServicer):
             reason = faults.metric_reason(fault)
             metrics.REQUESTS.labels(*label, phase, "fault").inc()
             metrics.FAULTS.labels(*label, reason).inc()
+            if fault.reason.startswith("replay"):
+                metrics.REPLAYS.labels(*label).inc()
             log.warning("refused route=%s phase=%s code=%s reason=%s", route_name, phase, reason, fault.reason)
             yield _immediate(fault, fault_soap_version(ex, headers))
         except Exception:  # fail closed: a bug answers a generic fault, never a traceback to the client

@@ -7,7 +7,9 @@ time), and it never loads anything from the network or the file system."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Protocol
+from xml.sax.saxutils import quoteattr
 
 from lxml import etree
 
@@ -39,6 +41,47 @@ def _parser() -> etree.XMLPullParser:
     )
 
 
+class _Checks:
+    """The limits, checked on a pull parser's events as they arrive (envelopes and decrypted fragments)."""
+
+    __slots__ = ("count_elements", "depth", "elements", "limits", "parser")
+
+    def __init__(
+        self, parser: etree.XMLPullParser, limits: Limits, *, count_elements: bool = True, depth: int = 0
+    ) -> None:
+        self.parser = parser
+        self.limits = limits
+        self.count_elements = count_elements
+        self.depth = depth
+        self.elements = 0
+
+    def feed(self, data: bytes) -> None:
+        self.parser.feed(data)
+        self.check()
+
+    def check(self) -> None:
+        limits = self.limits
+        for event, el in self.parser.read_events():
+            if event == "start":
+                self.depth += 1
+                if self.depth > limits.max_depth:
+                    raise faults.client(f"nesting depth over {limits.max_depth}")
+                if self.count_elements:
+                    self.elements += 1
+                    if self.elements > limits.max_elements:
+                        raise faults.client(f"element count over {limits.max_elements}")
+                if len(el.attrib) > limits.max_attributes:
+                    raise faults.client(f"attribute count over {limits.max_attributes}")
+            elif event == "end":
+                self.depth -= 1
+                if (el.text and len(el.text) > limits.max_text_length) or (
+                    el.tail and len(el.tail) > limits.max_text_length
+                ):
+                    raise faults.client(f"text node longer than {limits.max_text_length}")
+            else:
+                raise faults.client("processing instruction in message")
+
+
 def parse_envelope(data: bytes, limits: Limits) -> Envelope:
     """Parse and check a SOAP envelope; raise a Client fault for anything not allowed."""
     if len(data) > limits.max_body_bytes:
@@ -48,42 +91,54 @@ def parse_envelope(data: bytes, limits: Limits) -> Envelope:
     # A DOCTYPE (and with it any entity declaration) is refused before the parser sees it.
     if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
         raise faults.client("DTD or entity declaration in message")
-    # Cheap upper bound: every element needs a '<'. Only count precisely when the bound could be crossed.
-    count_elements = data.count(b"<") > limits.max_elements
     parser = _parser()
-    depth = elements = 0
+    # Cheap upper bound: every element needs a '<'. Only count precisely when the bound could be crossed.
+    checks = _Checks(parser, limits, count_elements=data.count(b"<") > limits.max_elements)
     try:
         for start in range(0, len(data), CHUNK):
-            parser.feed(data[start : start + CHUNK])
-            for event, el in parser.read_events():
-                if event == "start":
-                    depth += 1
-                    if depth > limits.max_depth:
-                        raise faults.client(f"nesting depth over {limits.max_depth}")
-                    if count_elements:
-                        elements += 1
-                        if elements > limits.max_elements:
-                            raise faults.client(f"element count over {limits.max_elements}")
-                    if len(el.attrib) > limits.max_attributes:
-                        raise faults.client(f"attribute count over {limits.max_attributes}")
-                elif event == "end":
-                    depth -= 1
-                    if (el.text and len(el.text) > limits.max_text_length) or (
-                        el.tail and len(el.tail) > limits.max_text_length
-                    ):
-                        raise faults.client(f"text node longer than {limits.max_text_length}")
-                else:
-                    raise faults.client("processing instruction in message")
+            checks.feed(data[start : start + CHUNK])
         root = parser.close()
     except etree.XMLSyntaxError as exc:
         raise faults.client(f"malformed XML: {exc.msg}") from None
     tree = root.getroottree()
     if tree.docinfo.internalDTD is not None or tree.docinfo.doctype:
         raise faults.client("DTD in message")
-    return _check_structure(root)
+    return check_structure(root)
 
 
-def _check_structure(root: etree._Element) -> Envelope:
+def parse_fragment(
+    chunks: Iterable[bytes], nsmap: Mapping[str | None, str], limits: Limits, depth: int = 0
+) -> etree._Element:
+    """Parse XML content (elements, text, comments: what an element may hold) with the envelope's hardening.
+
+    The content is parsed inside a wrapper element declaring `nsmap`, so it may use the prefixes in scope
+    where it came from; the wrapper is returned and its children are the content. `depth` is the depth of the
+    element the wrapper stands in for, so the depth limit counts from the content's place in the document;
+    the element limit applies to the fragment alone. Raises a Client fault like parse_envelope."""
+    decls = "".join(f" xmlns{':' + prefix if prefix else ''}={quoteattr(uri)}" for prefix, uri in nsmap.items())
+    parser = _parser()
+    # The wrapper's own start event brings the depth to `depth`, and it is no element of the fragment.
+    checks = _Checks(parser, limits, depth=depth - 1)
+    checks.elements = -1
+    try:
+        checks.feed(f"<wsgate-fragment{decls}>".encode())
+        for chunk in chunks:
+            checks.feed(chunk)
+        checks.feed(b"</wsgate-fragment>")
+        root = parser.close()
+        checks.check()  # anything the parser only let go of at close
+    except etree.XMLSyntaxError as exc:
+        # The error's kind and place only: its text quotes the fragment, which may be decrypted plaintext.
+        last = exc.error_log.last_error if exc.error_log else None
+        kind = last.type_name if last is not None else f"code {exc.code}"
+        raise faults.client(f"malformed XML: {kind} at line {exc.lineno}") from None
+    # Inside the wrapper the grammar has no place for a DOCTYPE; checked all the same.
+    if root.getroottree().docinfo.doctype:
+        raise faults.client("DTD in fragment")
+    return root
+
+
+def check_structure(root: etree._Element) -> Envelope:
     if not isinstance(root.tag, str):
         raise faults.client("no document element")
     qn = etree.QName(root)

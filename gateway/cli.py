@@ -81,20 +81,6 @@ def cmd_certs(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_filter(args: argparse.Namespace) -> int:
-    from filters import server
-
-    server.main(args.rest)
-    return 0
-
-
-def cmd_backend(args: argparse.Namespace) -> int:
-    from gateway import demo_backend
-
-    demo_backend.main(args.rest)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wsgate", description="WSGate, a WS-Security offload gateway on Envoy.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -133,17 +119,24 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="replace an existing PKI")
     init.set_defaults(func=cmd_certs)
 
-    filt = sub.add_parser("filter", help="run one ext_proc filter worker", add_help=False)
-    filt.add_argument("rest", nargs=argparse.REMAINDER)
-    filt.set_defaults(func=cmd_filter)
-
-    backend = sub.add_parser("backend", help="run the demo SOAP backend", add_help=False)
-    backend.add_argument("rest", nargs=argparse.REMAINDER)
-    backend.set_defaults(func=cmd_backend)
+    # Listed for --help; their own parsers take the arguments (see main).
+    sub.add_parser("filter", help="run one ext_proc filter worker (wsgate filter --help)")
+    sub.add_parser("backend", help="run the demo SOAP backend (wsgate backend --help)")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "filter":
+        from filters import server
+
+        server.main(argv[1:])
+        return
+    if argv and argv[0] == "backend":
+        from gateway import demo_backend
+
+        demo_backend.main(argv[1:])
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
     sys.exit(args.func(args))

@@ -376,7 +376,8 @@ def render(policies: PolicySet, topo: Topology) -> dict[str, str]:
     """The three files Envoy reads: envoy.yaml (bootstrap), lds.yaml and cds.yaml."""
     lds = {
         "resources": [
-            {"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **lis} for lis in _listeners(policies, topo)
+            {"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **lis}
+            for lis in _listeners(policies, topo)
         ]
     }
     cds = {"resources": [{"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", **c}

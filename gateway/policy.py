@@ -109,7 +109,7 @@ class EncryptionPolicy(Strict):
 class RsaOptions(Strict):
     trust_anchors: list[str] = ["certs/out/ca.pem"]
     allowed_subjects: list[str] | None = None  # RFC 4514 subject strings; None: any the anchors vouch for
-    subject_header: str | None = "x-wsgate-subject"
+    known_certificates: list[str] = []  # signers named by SKI, thumbprint or IssuerSerial instead of a token
     sign_response: bool = True
     key: str = "certs/out/gateway-sign.key"  # signs responses
     certificate: str = "certs/out/gateway-sign.pem"
@@ -123,6 +123,17 @@ class HmacOptions(Strict):
     decryption_key: str = "certs/out/gateway-enc.key"
     decryption_certificate: str = "certs/out/gateway-enc.pem"
     sign_response: bool = True
+
+
+class ReplayPolicy(Strict):
+    """Where seen signature values and nonces are remembered for the timestamp window.
+
+    `auto`: the Redis server `wsgate up` starts for its workers (or WSGATE_REDIS_URL), so a replay is caught
+    whichever worker or replica it reaches; `memory` only when one worker serves the route."""
+
+    store: Literal["auto", "memory", "redis"] = "auto"
+    redis_url: str | None = None
+    max_entries: int = Field(default=1_000_000, gt=0)
 
 
 class SecureConversationOptions(Strict):
@@ -148,6 +159,8 @@ class Route(Strict):
     rsa: RsaOptions = RsaOptions()
     hmac: HmacOptions = HmacOptions()
     secureconversation: SecureConversationOptions = SecureConversationOptions()
+    replay: ReplayPolicy = ReplayPolicy()
+    identity_header: str | None = "x-wsgate-subject"  # the authenticated signer or user, for the backend
     secure_faults: bool = True  # sign/encrypt backend faults like other responses
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +22,8 @@ from pathlib import Path
 from certs import pki
 from gateway import envoy_config
 from gateway.policy import PolicyError, PolicySet, load_dir
+
+REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/profiles.py reads it
 
 log = logging.getLogger("wsgate.up")
 
@@ -78,6 +81,8 @@ class Gateway:
         self.workers: list[subprocess.Popen[bytes]] = []
         self.envoy: subprocess.Popen[bytes] | None = None
         self.backend: subprocess.Popen[bytes] | None = None
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.env = dict(os.environ)
         self.policies: PolicySet | None = None
         self._signature: tuple[tuple[str, int, int], ...] = ()
         self.logs = opts.run_dir / "logs"
@@ -86,7 +91,7 @@ class Gateway:
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         self.logs.mkdir(parents=True, exist_ok=True)
         out = open(self.logs / f"{name}.log", "ab")
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
 
     def _spawn_worker(self, i: int) -> subprocess.Popen[bytes]:
         o = self.opts
@@ -107,6 +112,7 @@ class Gateway:
         self.policies = load_dir(o.policies)
         self._signature = _policy_signature(o.policies)
         self.render()
+        self._start_shared_store()
         if o.backend:
             self.backend = self._spawn("backend", [sys.executable, "-m", "gateway.demo_backend", "--listen", o.backend])
             host, port = o.backend.rsplit(":", 1)
@@ -121,6 +127,29 @@ class Gateway:
             # Several gateways (tests, side-by-side benchmarks) may share a machine: no fixed shared-memory id.
             "--use-dynamic-base-id"])  # fmt: skip
         self._wait_envoy_ready()
+
+    def _start_shared_store(self) -> None:
+        """Several workers must see each other's replay entries (and contexts): give them one Redis."""
+        o = self.opts
+        if o.workers < 2 or REDIS_URL_ENV in self.env:
+            return
+        redis_bin = shutil.which("redis-server")
+        if redis_bin is None:
+            log.warning("redis-server not found: running 1 filter worker so replay detection stays exact")
+            o.workers = 1
+            self.render()
+            return
+        sock = (o.run_dir / "redis.sock").resolve()
+        sock.unlink(missing_ok=True)
+        self.redis = self._spawn("redis", [
+            redis_bin, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--save", "",
+            "--appendonly", "no", "--maxmemory", "512mb", "--maxmemory-policy", "volatile-ttl"])  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            if self.redis.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start; see {self.logs}/redis.log")
+            time.sleep(0.05)
+        self.env[REDIS_URL_ENV] = f"unix://{sock}"
 
     def _wait_envoy_ready(self, timeout: float = 30) -> None:
         assert self.envoy is not None
@@ -195,7 +224,7 @@ class Gateway:
 
     def stop(self) -> None:
         # Envoy first so no new request reaches a stopping worker; then the workers finish in-flight exchanges.
-        procs = [p for p in [self.envoy, *self.workers, self.backend] if p is not None and p.poll() is None]
+        procs = [p for p in [self.envoy, *self.workers, self.backend, self.redis] if p is not None and p.poll() is None]
         for p in procs:
             p.terminate()
         deadline = time.monotonic() + 10

@@ -1,0 +1,166 @@
+"""The secured profiles on the gateway side: `rsa` (X.509) and `hmac` (pre-shared or symmetric-binding keys).
+
+Everything a route needs is loaded once, when the policy is: keys, certificates, the trust store, users, the
+replay store, the response signer. The hot path only parses, verifies, secures and serializes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+
+from lxml import etree
+
+from filters import faults, keys, metrics, ns, replay, signature, wssecurity
+from filters.engine import Exchange, Outcome, RoutePipeline
+from filters.threat_protection import check_structure, parse_envelope
+from filters.username_token import Users
+from gateway.policy import Route
+
+REDIS_URL_ENV = "WSGATE_REDIS_URL"  # set by `wsgate up` (its own Redis) or by the deployment (Compose)
+RESPONSE_TIMESTAMP_TTL_S = 300
+
+
+def replay_store(route: Route) -> replay.ReplayCache:
+    policy = route.replay
+    url = policy.redis_url or os.environ.get(REDIS_URL_ENV)
+    if policy.store == "memory" or (policy.store == "auto" and not url):
+        return _memory_store(policy.max_entries)
+    if not url:
+        raise faults.server(f"route {route.name}: replay store redis needs redis_url or {REDIS_URL_ENV}")
+    return _redis_store(url)
+
+
+@cache
+def _memory_store(max_entries: int) -> replay.ReplayCache:
+    return replay.MemoryReplayCache(max_entries)  # one per worker, shared by its routes
+
+
+@cache
+def _redis_store(url: str) -> replay.ReplayCache:
+    return replay.RedisReplayCache(url)
+
+
+class SecuredPipeline(RoutePipeline):
+    """Inbound: threat protection, then the Security header in the sender's order, then plain SOAP out.
+    Outbound: the mirror image, the response signed (and encrypted) for the requester."""
+
+    def __init__(self, route: Route) -> None:
+        super().__init__(route)
+        self.requirements = wssecurity.Requirements(
+            timestamp=route.timestamp,
+            signature=route.signature,
+            encryption=route.encryption,
+            username_token=route.username_token,
+            signer="x509" if route.profile == "rsa" else "symmetric",
+            body_encrypted=route.encryption.require_request,
+            limits=route.limits,
+        )
+        self.credentials = wssecurity.Credentials(
+            users=Users.load(route.username_token.users_file) if route.username_token.users_file else None,
+            replay=replay_store(route),
+        )
+        opts = route.rsa if route.profile == "rsa" else route.hmac
+        if Path(opts.decryption_key).exists():
+            self.credentials.decryption_key = keys.load_private_key(opts.decryption_key)
+        elif route.encryption.require_request:
+            raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
+        if route.profile == "rsa":
+            self.credentials.trust = keys.TrustStore(
+                keys.load_certificates(route.rsa.trust_anchors), route.rsa.allowed_subjects
+            )
+            self.credentials.known_certificates = keys.load_certificates(route.rsa.known_certificates)
+            self.certificate = keys.load_certificate(route.rsa.certificate)
+            self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
+        elif route.hmac.keys_file:
+            self.credentials.psk = keys.load_hmac_keys(route.hmac.keys_file)
+
+    def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
+        route = self.route
+        with metrics.stage(route, "parse"):
+            env = parse_envelope(body, route.limits)
+        ex.soap_version = env.version
+        with metrics.stage(route, "security_header"):
+            verified = wssecurity.process(env, self.requirements, self.credentials, datetime.now(UTC))
+        # Decrypted content is new XML: the envelope must still be one Envelope with one Body.
+        check_structure(env.root)
+        ex.security = verified
+        out_headers = {}
+        if route.identity_header and verified.subject:
+            out_headers[route.identity_header] = verified.subject
+        with metrics.stage(route, "serialize"):
+            return Outcome(body=env.serialize(), set_headers=out_headers)
+
+    def response(self, body: bytes, ex: Exchange) -> Outcome:
+        route = self.route
+        with metrics.stage(route, "parse"):
+            try:
+                env = parse_envelope(body, route.response_limits)
+            except faults.Fault as fault:
+                raise faults.server(f"backend response refused: {fault.reason}", status=502) from None
+        if env.is_fault() and not route.secure_faults:
+            return Outcome(body=None)
+        verified = ex.security
+        assert isinstance(verified, wssecurity.Verified)
+        sign, encrypt = self._response_security(verified)
+        with metrics.stage(route, "secure"):
+            wssecurity.secure(
+                env, datetime.now(UTC), timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt
+            )
+        with metrics.stage(route, "serialize"):
+            return Outcome(body=env.serialize())
+
+    def _response_security(
+        self, verified: wssecurity.Verified
+    ) -> tuple[wssecurity.SignWith | None, wssecurity.EncryptFor | None]:
+        route = self.route
+        algorithm = route.encryption.response_algorithm
+        if route.profile == "rsa":
+            sign = None
+            if route.rsa.sign_response:
+                bst_id = wssecurity.new_id("X509")
+                sign = wssecurity.SignWith(
+                    signer=self.signer,
+                    key_info=lambda: keys.str_reference(bst_id, ns.X509V3),
+                    certificate=self.certificate,
+                )
+            encrypt = None
+            if route.encryption.encrypt_response:
+                if verified.signer_certificate is None:
+                    raise faults.server("no requester certificate to encrypt the response for")
+                encrypt = wssecurity.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
+            return sign, encrypt
+        secret, ref = verified.symmetric_key, verified.key_reference
+        if secret is None or ref is None:
+            raise faults.server("no request key to secure the response with")
+        key_info = _key_info_for(ref)
+        sign = None
+        if route.hmac.sign_response:
+            sign = wssecurity.SignWith(signer=signature.Signer(secret, _hmac_algorithm(route), _digest(route)),
+                                       key_info=key_info)  # fmt: skip
+        encrypt = None
+        if route.encryption.encrypt_response:
+            encrypt = wssecurity.EncryptFor(algorithm=algorithm, secret=secret, secret_key_info=key_info)
+        return sign, encrypt
+
+
+def _key_info_for(ref: keys.KeyRef) -> Callable[[], etree._Element]:
+    if ref.kind == "key_name":
+        return lambda: keys.key_name(ref.value)
+    if ref.kind == "encrypted_key_sha1":
+        return lambda: keys.str_key_identifier(ns.ENCKEY_SHA1, ref.value)
+    raise faults.server(f"cannot name a {ref.kind} key back to the requester")
+
+
+def _rsa_algorithm(route: Route) -> str:
+    return next((a for a in route.signature.algorithms if a.startswith("rsa")), "rsa-sha256")
+
+
+def _hmac_algorithm(route: Route) -> str:
+    return next((a for a in route.signature.algorithms if a.startswith("hmac")), "hmac-sha256")
+
+
+def _digest(route: Route) -> str:
+    return route.signature.digests[0]

@@ -1,0 +1,533 @@
+"""The wsse:Security header: read in the order the sender laid it out, and written the way WSS4J writes it.
+
+`process` is the receiving side (the gateway for requests, the client for responses): each header child goes to
+the processor for its token type, in document order, so sign-then-encrypt and encrypt-then-sign both work. Then
+the requirements are checked on what was actually verified (element identity, never ids), the header is
+removed, and the envelope holds plain SOAP.
+
+`secure` is the sending side (the gateway for responses, the client for requests): Timestamp, UsernameToken,
+Signature, then encryption of the Body content, each new token placed on top of the header so a receiver that
+reads top-down undoes them in reverse order."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
+from lxml import etree
+
+from filters import encryption, faults, keys, ns, signature, timestamp, username_token
+from filters.replay import ReplayCache
+from filters.soap import Envelope
+from filters.threat_protection import Limits
+from gateway.policy import EncryptionPolicy, SignaturePolicy, TimestampPolicy, UsernameTokenPolicy
+
+SECURITY = ns.q(ns.WSSE, "Security")
+TIMESTAMP = ns.q(ns.WSU, "Timestamp")
+USERNAME_TOKEN = ns.q(ns.WSSE, "UsernameToken")
+BST = ns.q(ns.WSSE, "BinarySecurityToken")
+SIGNATURE = ns.q(ns.DS, "Signature")
+ENCRYPTED_KEY = ns.q(ns.XENC, "EncryptedKey")
+REFERENCE_LIST = ns.q(ns.XENC, "ReferenceList")
+ENCRYPTED_DATA = ns.q(ns.XENC, "EncryptedData")
+KEY_INFO = ns.q(ns.DS, "KeyInfo")
+WSU_ID = ns.q(ns.WSU, "Id")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Receiving
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What a message must carry to be accepted, derived from the route's policy."""
+
+    timestamp: TimestampPolicy
+    signature: SignaturePolicy
+    encryption: EncryptionPolicy
+    username_token: UsernameTokenPolicy
+    signer: str | None  # "x509" or "symmetric": a signature of that kind is required; None: none required
+    body_encrypted: bool  # the Body content must have arrived encrypted
+    limits: Limits
+
+
+@dataclass
+class Credentials:
+    """What the receiving side holds to check a message."""
+
+    trust: keys.TrustStore | None = None  # validates signer certificates
+    known_certificates: list[x509.Certificate] = field(default_factory=list)  # for SKI/thumbprint/IssuerSerial refs
+    decryption_key: rsa.RSAPrivateKey | None = None  # opens EncryptedKeys sent to us
+    psk: Mapping[str, bytes] = field(default_factory=dict)  # pre-shared keys by ds:KeyName
+    encrypted_keys: Mapping[str, bytes] = field(default_factory=dict)  # EncryptedKeySHA1 (base64) -> key we sent
+    users: username_token.Users | None = None
+    replay: ReplayCache | None = None
+
+
+@dataclass
+class Verified:
+    """What a processed Security header established."""
+
+    signed: list[etree._Element] = field(default_factory=list)
+    signer_certificate: x509.Certificate | None = None
+    subject: str | None = None  # the authenticated signer (RFC 4514) or UsernameToken user
+    symmetric_key: bytes | None = None  # the key an HMAC signature was made with
+    key_reference: keys.KeyRef | None = None  # how the sender named that key, to name it back in a reply
+    username: str | None = None
+    timestamp: timestamp.Window | None = None
+    decrypted_body: bool = False
+
+    def covers(self, el: etree._Element) -> bool:
+        """Whether `el` or an ancestor of it was signed (by identity)."""
+        signed = {id(s) for s in self.signed}
+        return id(el) in signed or any(id(a) in signed for a in el.iterancestors())
+
+
+@dataclass
+class _State:
+    env: Envelope
+    req: Requirements
+    creds: Credentials
+    now: datetime
+    security: etree._Element
+    tokens: dict[str, x509.Certificate] = field(default_factory=dict)  # BinarySecurityTokens by wsu:Id
+    secret_by_id: dict[str, bytes] = field(default_factory=dict)  # EncryptedKeys by Id
+    secret_by_sha1: dict[str, bytes] = field(default_factory=dict)  # EncryptedKeys by EncryptedKeySHA1
+    decrypted: list[tuple[etree._Element, list[etree._Element], bool]] = field(default_factory=list)
+    signatures: int = 0
+    out: Verified = field(default_factory=Verified)
+
+
+def find_security(env: Envelope) -> etree._Element | None:
+    """The one wsse:Security header addressed to us (no actor/role, or the ultimate receiver's)."""
+    header = env.header
+    if header is None:
+        return None
+    role_attr = ns.q(env.soap_ns, "role" if env.version == "1.2" else "actor")
+    ultimate = {None, "", "http://www.w3.org/2003/05/soap-envelope/role/ultimateReceiver"}
+    ours = [h for h in header.iterchildren(SECURITY) if h.get(role_attr) in ultimate]
+    if len(ours) > 1:
+        raise faults.security("InvalidSecurity", f"{len(ours)} wsse:Security headers for the same role")
+    return ours[0] if ours else None
+
+
+def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime) -> Verified:
+    """Check the message's Security header against `req`, then remove it. Raises a Fault on any refusal."""
+    security = find_security(env)
+    if security is None:
+        raise faults.security("InvalidSecurity", "no wsse:Security header")
+    st = _State(env=env, req=req, creds=creds, now=now, security=security)
+    i = 0
+    while i < len(security):
+        child = security[i]
+        if not isinstance(child.tag, str):
+            i += 1
+            continue
+        handler = _PROCESSORS.get(child.tag)
+        if handler is None:
+            raise faults.security("InvalidSecurity", f"unsupported security header element {child.tag[:120]}")
+        replaced = handler(st, child)
+        # A decrypted header token takes the place of its EncryptedData: read it next.
+        if not replaced:
+            i += 1
+    _check_requirements(st)
+    _strip(env, security)
+    return st.out
+
+
+def _timestamp(st: _State, el: etree._Element) -> bool:
+    if st.out.timestamp is not None:
+        raise faults.security("InvalidSecurity", "more than one wsu:Timestamp")
+    st.out.timestamp = timestamp.check(el, st.req.timestamp, st.now)
+    return False
+
+
+def _replay_ttl(st: _State) -> float:
+    if st.out.timestamp is not None:
+        return st.out.timestamp.replay_ttl_s(st.req.timestamp, st.now)
+    return float(st.req.timestamp.max_age_s + st.req.timestamp.clock_skew_s)
+
+
+def _username_token(st: _State, el: etree._Element) -> bool:
+    if st.out.username is not None:
+        raise faults.security("InvalidSecurity", "more than one wsse:UsernameToken")
+    if st.creds.users is None:
+        raise faults.security("InvalidSecurity", "UsernameToken sent to a route without users")
+    tp = st.req.timestamp
+    got = username_token.verify(el, st.creds.users, st.req.username_token, st.now, tp.max_age_s, tp.clock_skew_s)
+    if got.nonce is not None and st.creds.replay is not None:
+        key = b"ut:" + got.username.encode() + b":" + got.nonce
+        if st.creds.replay.seen(key, float(tp.max_age_s + 2 * tp.clock_skew_s)):
+            raise faults.security("FailedAuthentication", "replay: UsernameToken nonce seen before")
+    st.out.username = got.username
+    if st.out.subject is None:
+        st.out.subject = got.username
+    return False
+
+
+def _bst(st: _State, el: etree._Element) -> bool:
+    token_id = el.get(WSU_ID)
+    if not token_id:
+        raise faults.security("InvalidSecurityToken", "BinarySecurityToken without wsu:Id")
+    st.tokens[token_id] = keys.parse_bst(el)
+    return False
+
+
+def _encrypted_key(st: _State, ek: etree._Element) -> bool:
+    secret = _open_encrypted_key(st, ek)
+    ek_id = ek.get("Id")
+    if ek_id:
+        st.secret_by_id[ek_id] = secret
+    st.secret_by_sha1[encrypted_key_sha1(ek)] = secret
+    for ref in encryption.reference_list(ek):
+        _decrypt_reference(st, ref, secret)
+    return False
+
+
+def _open_encrypted_key(st: _State, ek: etree._Element, key_size: int | None = None) -> bytes:
+    if st.creds.decryption_key is None:
+        raise faults.security("SecurityTokenUnavailable", "EncryptedKey sent to a route without a decryption key")
+    return encryption.decrypt_key(ek, st.creds.decryption_key, st.req.encryption.key_transport, key_size)
+
+
+def encrypted_key_sha1(ek: etree._Element) -> str:
+    """WS-Security 1.1 EncryptedKeySHA1: SHA-1 of the EncryptedKey's decoded CipherValue, base64."""
+    value = ek.find(f"{ns.q(ns.XENC, 'CipherData')}/{ns.q(ns.XENC, 'CipherValue')}")
+    raw = base64.b64decode("".join((value.text or "").split())) if value is not None else b""
+    return base64.b64encode(hashlib.sha1(raw).digest()).decode()
+
+
+def _reference_list(st: _State, el: etree._Element) -> bool:
+    for ref in encryption.reference_list(el):
+        _decrypt_reference(st, ref, None)
+    return False
+
+
+def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
+    matches = [e for e in st.env.root.iter(ENCRYPTED_DATA) if e.get("Id") == ref_id]
+    if len(matches) != 1:
+        raise faults.security("InvalidSecurity", f"DataReference #{ref_id[:80]} resolves to {len(matches)} elements")
+    ed = matches[0]
+    if secret is None:
+        secret = _data_key(st, ed)
+    parent = ed.getparent()
+    assert parent is not None
+    was_signed = st.out.covers(ed)
+    landing = encryption.decrypt_data(ed, secret, st.req.encryption.data_algorithms, st.req.limits)
+    st.decrypted.append((parent, landing, was_signed))
+    if parent is st.env.body:
+        st.out.decrypted_body = True
+
+
+def _data_key(st: _State, ed: etree._Element) -> bytes:
+    """The key of an EncryptedData that names it in its own KeyInfo."""
+    embedded = encryption.embedded_encrypted_key(ed)
+    if embedded is not None:
+        size = encryption.data_key_size(ed, st.req.encryption.data_algorithms)
+        return _open_encrypted_key(st, embedded, size)
+    key_info = encryption.key_for(ed)
+    if key_info is None:
+        raise faults.security("SecurityTokenUnavailable", "EncryptedData names no key")
+    secret = _resolve_secret(st, keys.parse_key_info(key_info))
+    if secret is None:
+        raise faults.security("SecurityTokenUnavailable", "EncryptedData key reference does not name a secret")
+    return secret
+
+
+def _resolve_secret(st: _State, ref: keys.KeyRef) -> bytes | None:
+    if ref.kind == "reference" and ref.value in st.secret_by_id:
+        return st.secret_by_id[ref.value]
+    if ref.kind == "encrypted_key_sha1":
+        got = st.secret_by_sha1.get(ref.value) or st.creds.encrypted_keys.get(ref.value)
+        if got is None:
+            raise faults.security("SecurityTokenUnavailable", "EncryptedKeySHA1 names no known key")
+        return got
+    if ref.kind == "key_name":
+        got = st.creds.psk.get(ref.value)
+        if got is None:
+            raise faults.security("SecurityTokenUnavailable", f"unknown key name {ref.value[:80]!r}")
+        return got
+    return None
+
+
+def _resolve_certificate(st: _State, ref: keys.KeyRef) -> x509.Certificate:
+    if ref.kind == "reference":
+        cert = st.tokens.get(ref.value)
+        if cert is None:
+            raise faults.security("SecurityTokenUnavailable", f"reference #{ref.value[:80]} names no token")
+        return cert
+    for cert in [*st.tokens.values(), *st.creds.known_certificates]:
+        if keys.matches(ref, cert):
+            return cert
+    raise faults.security("SecurityTokenUnavailable", f"no certificate matches the {ref.kind} reference")
+
+
+def _signature(st: _State, sig: etree._Element) -> bool:
+    st.signatures += 1
+    if st.signatures > 1:
+        raise faults.security("InvalidSecurity", "more than one ds:Signature")
+    key_info = sig.find(KEY_INFO)
+    if key_info is None:
+        raise faults.security("SecurityTokenUnavailable", "ds:Signature without ds:KeyInfo")
+    ref = keys.parse_key_info(key_info)
+    secret = _resolve_secret(st, ref)
+    key: x509.Certificate | bytes
+    if secret is not None:
+        if st.req.signer == "x509":
+            raise faults.security("InvalidSecurity", "symmetric signature on a route that requires X.509")
+        key = secret
+    else:
+        if st.req.signer == "symmetric":
+            raise faults.security("InvalidSecurity", "X.509 signature on a route that requires a symmetric key")
+        key = _resolve_certificate(st, ref)
+        if st.creds.trust is None:
+            raise faults.security("FailedAuthentication", "no trust anchors for X.509 signatures")
+        # The certificate is trusted before its signature is worth checking.
+        st.out.subject = st.creds.trust.validate(key, [], st.now)
+        st.out.signer_certificate = key
+    verified = signature.verify(sig, st.env, key, st.req.signature)
+    if st.creds.replay is not None and st.creds.replay.seen(b"sig:" + verified.signature_value, _replay_ttl(st)):
+        raise faults.security("InvalidSecurity", "replay: signature value seen before")
+    st.out.signed.extend(verified.elements)
+    if isinstance(key, bytes):
+        st.out.symmetric_key = key
+        st.out.key_reference = _reply_reference(st, ref, key)
+    return False
+
+
+def _reply_reference(st: _State, ref: keys.KeyRef, secret: bytes) -> keys.KeyRef:
+    """How to name a symmetric key back to its sender: by EncryptedKeySHA1 for a key it sent us encrypted."""
+    if ref.kind == "reference":
+        for sha1, value in st.secret_by_sha1.items():
+            if value is secret:
+                return keys.KeyRef("encrypted_key_sha1", sha1, ns.ENCKEY_SHA1)
+    return ref
+
+
+def _encrypted_data(st: _State, ed: etree._Element) -> bool:
+    """An encrypted header token (e.g. a UsernameToken) that names its own key."""
+    ed_id = ed.get("Id")
+    if not ed_id:
+        raise faults.security("InvalidSecurity", "EncryptedData in the Security header without Id")
+    _decrypt_reference(st, ed_id, None)
+    return True
+
+
+_PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
+    TIMESTAMP: _timestamp,
+    USERNAME_TOKEN: _username_token,
+    BST: _bst,
+    ENCRYPTED_KEY: _encrypted_key,
+    REFERENCE_LIST: _reference_list,
+    SIGNATURE: _signature,
+    ENCRYPTED_DATA: _encrypted_data,
+}
+
+
+def _check_requirements(st: _State) -> None:
+    req, out, env = st.req, st.out, st.env
+    if req.timestamp.required and out.timestamp is None:
+        raise faults.security("InvalidSecurity", "required wsu:Timestamp missing")
+    if req.username_token.required and out.username is None:
+        raise faults.security("InvalidSecurity", "required UsernameToken missing")
+    if req.body_encrypted and not out.decrypted_body:
+        raise faults.security("InvalidSecurity", "the Body was required to be encrypted")
+    if req.signer is None:
+        return
+    if st.signatures == 0:
+        raise faults.security("InvalidSecurity", "required signature missing")
+    parts = req.signature.parts
+    if not out.covers(env.body):
+        raise faults.security("InvalidSecurity", "the soap:Body is not signed")
+    security = st.security
+    if "timestamp" in parts:
+        ts = security.find(TIMESTAMP)
+        if ts is not None and not any(s is ts for s in out.signed):
+            raise faults.security("InvalidSecurity", "the wsu:Timestamp is not signed")
+    if "username_token" in parts:
+        ut = security.find(USERNAME_TOKEN)
+        if ut is not None and not any(s is ut for s in out.signed):
+            raise faults.security("InvalidSecurity", "the UsernameToken is not signed")
+    if "addressing" in parts and env.header is not None:
+        for h in env.header.iterchildren():
+            if isinstance(h.tag, str) and h.tag.startswith("{" + ns.WSA + "}") and not any(s is h for s in out.signed):
+                raise faults.security("InvalidSecurity", f"WS-Addressing header {h.tag} is not signed")
+    # Every decrypted part must be covered by the signature: before decryption (encrypt-then-sign) or after
+    # (sign-then-encrypt). An unsigned EncryptedData is an attacker's ciphertext (CVE-2015-0227).
+    for parent, landing, was_signed in st.decrypted:
+        if not (was_signed or out.covers(parent) or all(out.covers(n) for n in landing if isinstance(n.tag, str))):
+            raise faults.security("InvalidSecurity", "decrypted content not covered by the signature")
+
+
+def _strip(env: Envelope, security: etree._Element) -> None:
+    header = security.getparent()
+    assert header is not None
+    _remove(security)
+    if not any(isinstance(c.tag, str) for c in header):
+        _remove(header)
+
+
+def _remove(el: etree._Element) -> None:
+    """Remove an element but keep its tail text where it was."""
+    parent = el.getparent()
+    assert parent is not None
+    if el.tail and el.tail.strip():
+        prev = el.getprevious()
+        if prev is not None:
+            prev.tail = (prev.tail or "") + el.tail
+        else:
+            parent.text = (parent.text or "") + el.tail
+    parent.remove(el)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Sending
+
+
+@dataclass
+class SignWith:
+    """A signing key and how the receiver finds it."""
+
+    signer: signature.Signer
+    key_info: Callable[[], etree._Element] | None  # a fresh KeyInfo child per message; None: the binding's key
+    certificate: x509.Certificate | None = None  # sent as a BinarySecurityToken (X.509 signatures)
+
+
+@dataclass
+class EncryptFor:
+    """Encrypt the Body content: to a certificate (a fresh key in an EncryptedKey) or with a shared secret."""
+
+    algorithm: str  # data algorithm (policy name)
+    certificate: x509.Certificate | None = None
+    transport: str = "rsa-oaep-mgf1p"
+    certificate_reference: Callable[[x509.Certificate], etree._Element] = keys.str_issuer_serial
+    secret: bytes | None = None
+    secret_key_info: Callable[[], etree._Element] | None = None  # how the receiver names it; None: the binding's
+
+
+@dataclass
+class Secured:
+    """What securing a message produced that the sender needs later (to read the reply)."""
+
+    encrypted_key_sha1: str | None = None
+    secret: bytes | None = None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def secure(
+    env: Envelope,
+    now: datetime,
+    *,
+    timestamp_ttl_s: int | None,
+    sign: SignWith | None,
+    sign_parts: tuple[str, ...] = ("body", "timestamp"),
+    encrypt: EncryptFor | None = None,
+    user: tuple[str, str, bool] | None = None,
+    symmetric_binding: tuple[bytes, x509.Certificate, str] | None = None,
+) -> Secured:
+    """Add a Security header to `env` as the arguments say (WSS4J's "Timestamp UsernameToken Signature Encrypt").
+
+    `symmetric_binding` = (secret, recipient certificate, transport): the client side of the WS-SecurityPolicy
+    symmetric binding; the secret travels in an EncryptedKey that the signature and encryption refer to."""
+    header = env.ensure_header()
+    security = etree.Element(SECURITY, nsmap={"wsse": ns.WSSE, "wsu": ns.WSU})
+    security.set(ns.q(env.soap_ns, "mustUnderstand"), "true" if env.version == "1.2" else "1")
+    header.insert(0, security)
+    result = Secured()
+    to_sign: list[etree._Element] = []
+    if timestamp_ttl_s is not None:
+        ts = timestamp.create(timestamp_ttl_s, now, new_id("TS"))
+        security.insert(0, ts)
+        if "timestamp" in sign_parts:
+            to_sign.append(ts)
+    if user is not None:
+        ut = username_token.create(user[0], user[1], user[2], now, new_id("UsernameToken"))
+        security.insert(0, ut)
+        if "username_token" in sign_parts:
+            to_sign.append(ut)
+    ek: etree._Element | None = None
+    binding_ref: Callable[[], etree._Element] | None = None
+    if symmetric_binding is not None:
+        secret, cert, transport = symmetric_binding
+        ek_id = new_id("EK")
+        ek = encryption.encrypt_key(secret, cert, transport, ek_id, keys.str_issuer_serial(cert), [])
+        result.secret = secret
+        result.encrypted_key_sha1 = encrypted_key_sha1(ek)
+
+        def binding_ref() -> etree._Element:
+            return keys.str_reference(ek_id, ns.ENCKEY_TOKEN)
+
+    if sign is not None:
+        to_sign.insert(0, env.body)
+        if "addressing" in sign_parts and env.header is not None:
+            to_sign.extend(h for h in env.header if isinstance(h.tag, str) and h.tag.startswith("{" + ns.WSA + "}"))
+        _ensure_wsu_ids(env, to_sign)
+        key_info = sign.key_info or binding_ref
+        if key_info is None:
+            raise ValueError("a signature needs a key reference")
+        sig = sign.signer.sign(env, security, to_sign, key_info(), id_prefix="id")
+        security.remove(sig)
+        security.insert(0, sig)
+        if sign.certificate is not None:
+            bst_id = _bst_id(sig)
+            security.insert(0, keys.make_bst(sign.certificate, bst_id))
+    if encrypt is not None:
+        _encrypt_body(env, security, encrypt, ek, binding_ref)
+    elif ek is not None:
+        security.insert(0, ek)
+    return result
+
+
+def _ensure_wsu_ids(env: Envelope, elements: list[etree._Element]) -> None:
+    for el in elements:
+        if el.get(WSU_ID) is None and el.get("Id") is None:
+            el.set(WSU_ID, new_id("id"))
+
+
+def _bst_id(sig: etree._Element) -> str:
+    """The BinarySecurityToken id the signature's KeyInfo refers to."""
+    ref = sig.find(f"{KEY_INFO}/{keys.STR}/{ns.q(ns.WSSE, 'Reference')}")
+    if ref is None:
+        raise ValueError("an X.509 SignWith needs a KeyInfo with a direct reference to its token")
+    return (ref.get("URI") or "").removeprefix("#")
+
+
+def _encrypt_body(
+    env: Envelope,
+    security: etree._Element,
+    spec: EncryptFor,
+    ek: etree._Element | None,
+    binding_ref: Callable[[], etree._Element] | None,
+) -> None:
+    ed_id = new_id("ED")
+    if spec.certificate is not None:
+        secret = encryption.new_key(spec.algorithm)
+        encryption.encrypt_content(env.body, secret, spec.algorithm, ed_id, None)
+        ek_new = encryption.encrypt_key(
+            secret,
+            spec.certificate,
+            spec.transport,
+            new_id("EK"),
+            spec.certificate_reference(spec.certificate),
+            [ed_id],
+        )
+        security.insert(0, ek_new)
+        return
+    name_key = spec.secret_key_info or binding_ref
+    assert spec.secret is not None and name_key is not None
+    key_info = name_key()
+    encryption.encrypt_content(env.body, spec.secret, spec.algorithm, ed_id, key_info)
+    reflist = etree.Element(REFERENCE_LIST, nsmap={"xenc": ns.XENC})
+    etree.SubElement(reflist, ns.q(ns.XENC, "DataReference"), URI=f"#{ed_id}")
+    security.insert(0, reflist)
+    if ek is not None:
+        security.insert(0, ek)
