@@ -116,12 +116,12 @@ class _Decision:
     expires: dt.datetime
 
 
-def _ee_policy() -> verification.ExtensionPolicy:
-    # Web PKI rules, except that a client certificate needs no subjectAltName: WS-Security signers are people
-    # and systems named by their subject, not host names.
-    return verification.ExtensionPolicy.webpki_defaults_ee().may_be_present(
-        x509.SubjectAlternativeName, verification.Criticality.AGNOSTIC, None
-    )
+# Web PKI rules, except that a client certificate needs no subjectAltName: WS-Security signers are people and
+# systems named by their subject, not host names.
+_CA_POLICY = verification.ExtensionPolicy.webpki_defaults_ca()
+_EE_POLICY = verification.ExtensionPolicy.webpki_defaults_ee().may_be_present(
+    x509.SubjectAlternativeName, verification.Criticality.AGNOSTIC, None
+)
 
 
 class TrustStore:
@@ -160,7 +160,7 @@ class TrustStore:
             verification.PolicyBuilder()
             .store(self._store)
             .time(now)
-            .extension_policies(ca_policy=verification.ExtensionPolicy.webpki_defaults_ca(), ee_policy=_ee_policy())
+            .extension_policies(ca_policy=_CA_POLICY, ee_policy=_EE_POLICY)
             .build_client_verifier()
         )
         try:

@@ -63,9 +63,11 @@ class SecuredPipeline(RoutePipeline):
             replay=replay_store(route),
         )
         opts = route.rsa if route.profile == "rsa" else route.hmac
-        if Path(opts.decryption_key).exists():
+        # An hmac route that does not take keys in EncryptedKeys has no use for its private key.
+        takes_encrypted_keys = route.profile == "rsa" or route.hmac.allow_encrypted_key
+        if takes_encrypted_keys and Path(opts.decryption_key).exists():
             self.credentials.decryption_key = keys.load_private_key(opts.decryption_key)
-        elif route.encryption.require_request:
+        elif takes_encrypted_keys and route.encryption.require_request and route.profile == "rsa":
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
         if route.profile == "rsa":
             self.credentials.trust = keys.TrustStore(

@@ -42,6 +42,7 @@ C14N_METHODS: dict[str, xmlsec.Transform] = {t.href: t for t in (T.EXCL_C14N, T.
 REFERENCE_TRANSFORMS: dict[str, xmlsec.Transform] = {t.href: t for t in (T.EXCL_C14N, T.C14N, T.ENVELOPED)}
 MAX_REFERENCES = 30
 MAX_TRANSFORMS = 5
+MIN_HMAC_KEY = 16  # bytes; anything shorter is guessable, whoever supplied it
 
 
 def _ds(local: str) -> str:
@@ -191,6 +192,8 @@ def _check_signature(
         not hmac_key and not isinstance(key.public_key(), rsa.RSAPublicKey)
     ):
         raise faults.security("UnsupportedAlgorithm", f"signature method {algorithm} does not fit the key")
+    if hmac_key and len(key) < MIN_HMAC_KEY:
+        raise faults.security("InvalidSecurity", f"HMAC key of {len(key)} bytes (at least {MIN_HMAC_KEY})")
 
     digests = {DIGEST_METHODS[d].href: DIGEST_METHODS[d] for d in policy.digests}
     ids = [_check_reference(r, digests) for r in refs]
@@ -231,6 +234,7 @@ def _in_place(el: etree._Element, env: Envelope, security: etree._Element, sig: 
         return True
     if parent is header:  # header blocks: WS-Addressing, application headers
         return el.tag not in SECURITY_ONLY
+    # Encrypted content signed after encryption: EncryptedData replacing the Body's or a header block's content.
     return el.tag == ENCRYPTED_DATA and (parent is body or (parent.getparent() is header and parent.tag != SECURITY))
 
 

@@ -366,11 +366,16 @@ def _check_requirements(st: _State) -> None:
 
 
 def _strip(env: Envelope, security: etree._Element) -> None:
+    """Leave plain SOAP: no Security header, no empty Header, no wsu:Id the sender put on the Body."""
     header = security.getparent()
     assert header is not None
     _remove(security)
     if not any(isinstance(c.tag, str) for c in header):
         _remove(header)
+    body = env.body
+    if body.get(WSU_ID) is not None:
+        del body.attrib[WSU_ID]
+        etree.cleanup_namespaces(body)
 
 
 def _remove(el: etree._Element) -> None:

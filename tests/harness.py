@@ -32,10 +32,10 @@ def write_policies(directory: Path, routes: list[dict]) -> Path:
 
 @contextmanager
 def running_gateway(
-    tmp: Path, routes: list[dict], pki: Path, workers: int = 1, backend: bool = True
+    tmp: Path, routes: list[dict], pki: Path, workers: int = 1, backend: bool = True, metrics: bool = False
 ) -> Iterator[Gateway]:
     """`routes` may use the placeholder BACKEND for the demo backend's address."""
-    http, https, admin, filt, back = free_ports(5)
+    http, https, admin, filt, back, metrics_port = free_ports(6)
     backend_addr = f"127.0.0.1:{back}"
     routes = yaml.safe_load(yaml.safe_dump(routes).replace("BACKEND", backend_addr))
     opts = Options(
@@ -47,7 +47,7 @@ def running_gateway(
         https_port=https,
         admin_port=admin,
         filter_port=filt if workers == 1 else free_ports(1)[0],
-        metrics_port=None,
+        metrics_port=metrics_port if metrics else None,
         backend=backend_addr if backend else None,
     )
     if workers > 1:  # consecutive ports for the workers

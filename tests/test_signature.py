@@ -11,10 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import xmlsec
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from lxml import etree
 
+from certs import pki as pki_mod
 from filters import faults, keys, ns, signature, threat_protection
 from filters.soap import Envelope
 from gateway.policy import Limits, SignaturePolicy
@@ -136,8 +138,7 @@ def p(pki: Path) -> Pki:
 
 
 def the_signature(env: Envelope) -> etree._Element:
-    sig = next(env.root.iter(SIG))
-    return sig
+    return next(env.root.iter(SIG))
 
 
 def receive(
@@ -234,7 +235,7 @@ def test_existing_ids_kept_and_fresh_ids_unique(p: Pki) -> None:
     header = env.header
     assert header is not None
     data = p.signed(env=env, parts=lambda e: [e.body, header[0], header[1]])
-    env2, verified = receive(p, data)
+    _, verified = receive(p, data)
     ids = [e.get(WSU_ID) or e.get("Id") for e in verified.elements]
     assert ids[1:] == ["id-1", "id-2"] and ids[0] not in ("id-1", "id-2")
 
@@ -285,6 +286,28 @@ def test_rogue_certificate_verifies_but_is_not_trusted(p: Pki) -> None:
     assert verified.algorithm == "rsa-sha256"
     with refused("FailedAuthentication"):
         p.trust.validate(p.rogue, [], dt.datetime.now(dt.UTC))
+
+
+def test_expired_certificate_verifies_but_is_not_trusted(p: Pki) -> None:
+    ca = pki_mod.Issued(keys.load_private_key(p.folder / "ca.key"), keys.load_certificate(p.folder / "ca.pem"))
+    now = dt.datetime.now(dt.UTC)
+    expired = pki_mod.issue(ca, "Demo Client", client_auth=True, not_before=now - dt.timedelta(days=3), days=1)
+    env = envelope()
+    security(env).insert(0, keys.make_bst(expired.cert, "X509-1"))
+    signature.sign(
+        env, security(env), [env.body], expired.key, "rsa-sha256", "sha256", keys.str_reference("X509-1", ns.X509V3)
+    )
+    _, verified = receive(p, env.serialize())
+    assert verified.elements
+    with refused("FailedAuthentication"):
+        p.trust.validate(expired.cert, [], now)
+
+
+def test_short_hmac_key_refused(p: Pki) -> None:
+    env = envelope()
+    signature.sign(env, security(env), [env.body], b"short", "hmac-sha256", "sha256", keys.key_name("weak"))
+    with refused("InvalidSecurity"):
+        receive(p, env.serialize(), key=b"short")
 
 
 def test_key_decides_the_algorithm_family(p: Pki) -> None:
@@ -363,8 +386,7 @@ def test_xpath_transform_refused(p: Pki) -> None:
     def change(root: etree._Element) -> None:
         transform = root.find(f"{SI}/ds:Reference/ds:Transforms/ds:Transform", ns.ALL)
         assert transform is not None
-        transform.set("Algorithm", "http://www.w3.org/TR/1999/REC-xpath-19991116")
-        transform.clear()
+        transform.clear()  # drop the InclusiveNamespaces; an XPath transform carries ds:XPath instead
         transform.set("Algorithm", "http://www.w3.org/TR/1999/REC-xpath-19991116")
         etree.SubElement(transform, ds("XPath")).text = "ancestor-or-self::m:Item"
 
@@ -456,7 +478,7 @@ def test_object_manifest_retrieval_method_refused(p: Pki, path: str, tag: str) -
 
 def test_same_element_twice_and_dangling_reference_refused(p: Pki) -> None:
     with refused("InvalidSecurity"):
-        verify_raw(p, tamper(p.signed(), _set_attr(f"{SI}/ds:Reference[2]", "#TS-1", "URI")))
+        verify_raw(p, tamper(p.signed(), _set_attr(f"{SI}/ds:Reference[1]", "#TS-1", "URI")))
     env = tamper(p.signed(), _set_attr(f"{SI}/ds:Reference[2]", "#nowhere", "URI"))
     with refused("InvalidSecurity"):
         verify_raw(p, env)
@@ -555,29 +577,43 @@ def _signature_directly_in_header(root: etree._Element) -> None:
     soap(root, "Header").append(next(root.iter(SIG)))
 
 
-WRAPPING = {
-    "body moved into a new header element": _body_into_header_wrapper,
-    "body moved directly into the header": _body_directly_into_header,
-    "duplicate wsu:Id on the new body": _duplicate_id(WSU_ID),
-    "duplicate id as plain Id": _duplicate_id("Id"),
-    "duplicate id as ID": _duplicate_id("ID"),
-    "duplicate id as xml:id": _duplicate_id("{http://www.w3.org/XML/1998/namespace}id"),
-    "duplicate id in another namespace": _duplicate_id(ns.q(ATTACK, "Id")),
-    "signed copy of the body in the header": _signed_copy_in_header,
-    "body wrapped in ds:Object": _body_into_signature_object,
-    "body in another wsse:Security header": _body_into_other_security_header,
-    "signed timestamp moved out of wsse:Security": _timestamp_out_of_security,
-    "signed timestamp moved into another wsse:Security": _timestamp_into_other_security_header,
-    "signature moved into the body": _signature_into_body,
-    "signature moved out of wsse:Security": _signature_directly_in_header,
+MISPLACED = "is not where a signed part may be"
+DUPLICATE = "more than one element"
+OUTSIDE = "not a direct child of a wsse:Security header"
+WRAPPING: dict[str, tuple[Callable[[etree._Element], None], str]] = {
+    "body moved into a new header element": (_body_into_header_wrapper, MISPLACED),
+    "body moved directly into the header": (_body_directly_into_header, MISPLACED),
+    "duplicate wsu:Id on the new body": (_duplicate_id(WSU_ID), DUPLICATE),
+    "duplicate id as plain Id": (_duplicate_id("Id"), DUPLICATE),
+    "duplicate id as ID": (_duplicate_id("ID"), DUPLICATE),
+    "duplicate id as xml:id": (_duplicate_id("{http://www.w3.org/XML/1998/namespace}id"), DUPLICATE),
+    "duplicate id in another namespace": (_duplicate_id(ns.q(ATTACK, "Id")), DUPLICATE),
+    "signed copy of the body in the header": (_signed_copy_in_header, DUPLICATE),
+    "body wrapped in ds:Object": (_body_into_signature_object, "ds:Object"),
+    "body in another wsse:Security header": (_body_into_other_security_header, MISPLACED),
+    "signed timestamp moved out of wsse:Security": (_timestamp_out_of_security, MISPLACED),
+    "signed timestamp moved into another wsse:Security": (_timestamp_into_other_security_header, MISPLACED),
+    "signature moved into the body": (_signature_into_body, OUTSIDE),
+    "signature moved out of wsse:Security": (_signature_directly_in_header, OUTSIDE),
 }
 
 
-@pytest.mark.parametrize("attack", WRAPPING.values(), ids=WRAPPING.keys())
-def test_signature_wrapping_refused(p: Pki, attack: Callable[[etree._Element], None]) -> None:
+@pytest.mark.parametrize(("attack", "reason"), WRAPPING.values(), ids=WRAPPING.keys())
+def test_signature_wrapping_refused(p: Pki, attack: Callable[[etree._Element], None], reason: str) -> None:
     env = tamper(p.signed(), attack)
-    with refused("InvalidSecurity"):
+    with pytest.raises(faults.Fault, check=lambda f: f.code == "InvalidSecurity" and reason in f.reason):
         verify_raw(p, env)
+
+
+def test_wrapping_fools_a_naive_verifier(p: Pki) -> None:
+    # Why the checks above exist: xmlsec alone, told "wsu:Id is an id", verifies the wrapped message, and
+    # the application then reads the attacker's Body.
+    env = tamper(p.signed(), _body_into_header_wrapper)
+    xmlsec.tree.add_ids(env.root, ["Id"])
+    ctx = xmlsec.SignatureContext()
+    ctx.key = xmlsec.Key.from_file(str(p.folder / "client.pem"), xmlsec.constants.KeyDataFormatCertPem)
+    ctx.verify(the_signature(env))
+    assert env.body.findtext("{urn:shop}Order/{urn:shop}Item") == "yacht"
 
 
 def test_wrapped_body_also_stopped_by_threat_protection(p: Pki) -> None:

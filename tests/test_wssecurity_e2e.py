@@ -1,0 +1,182 @@
+"""rsa and hmac end to end: the client secures, Envoy and the filter workers verify and strip, the backend sees
+plain SOAP, the response comes back secured and the client opens it. Refusals never reach the backend."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from lxml import etree
+
+from gateway.client import Client, ClientConfig, ClientError, content_type
+from gateway.policy import Route
+from tests.harness import running_gateway
+from tests.wss_helpers import DEMO, echo, route_doc
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def routes(pki: Path) -> list[dict]:
+    return [
+        route_doc(pki, "rsa", name="rsa", replay={"store": "auto"}),
+        route_doc(
+            pki,
+            "rsa",
+            name="rsa-enc",
+            replay={"store": "auto"},
+            encryption={"require_request": True, "encrypt_response": True},
+        ),  # fmt: skip
+        route_doc(pki, "hmac", name="hmac", replay={"store": "auto"}),
+        route_doc(
+            pki,
+            "hmac",
+            name="username",
+            replay={"store": "auto"},
+            username_token={"required": True, "users_file": str(pki / "users.yaml")},
+        ),  # fmt: skip
+    ]
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, routes: list[dict]):
+    # Two workers: the replay store must be shared (the supervisor's Redis), or a replay could reach the other one.
+    with running_gateway(tmp_path_factory.mktemp("wss"), routes, pki, workers=2, metrics=True) as g:
+        yield g
+
+
+def route_of(gw, name: str) -> Route:
+    return Route.model_validate(
+        {**next(r for r in _routes(gw) if r["name"] == name), "upstream": {"address": gw.backend_addr}}
+    )
+
+
+def _routes(gw) -> list[dict]:
+    import yaml
+
+    return yaml.safe_load((gw.opts.policies / "routes.yaml").read_text())["routes"]
+
+
+def send(gw, name: str, body: bytes, version: str = "1.1") -> requests.Response:
+    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=body,
+                         headers={"content-type": content_type(version)}, timeout=10)  # fmt: skip
+
+
+def received(gw) -> list[dict]:
+    return requests.get(f"http://{gw.backend_addr}/_received", timeout=5).json()
+
+
+def clear(gw) -> None:
+    requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)
+
+
+def fault_code(resp: requests.Response) -> str:
+    root = etree.fromstring(resp.content)
+    return (root.findtext(".//faultcode") or root.findtext(".//{*}Subcode/{*}Value") or "").split(":")[-1]
+
+
+CASES = [
+    ("rsa", {}, "CN=Demo Client,O=WSGate Demo"),
+    ("rsa-enc", {}, "CN=Demo Client,O=WSGate Demo"),
+    ("hmac", {}, None),
+    ("hmac", {"key_name": "demo-client"}, None),
+    ("hmac", {"encrypt": True}, None),
+    ("username", {"user": "bob", "password": "bob-demo-password"}, "bob"),
+    ("username", {"user": "alice", "password": "alice-demo-password", "password_digest": False}, "alice"),
+]
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+@pytest.mark.parametrize(("name", "cfg", "identity"), CASES)
+def test_round_trip(gw, pki: Path, name: str, cfg: dict, identity: str | None, version: str) -> None:
+    client = Client(route_of(gw, name), ClientConfig(certs=pki, **cfg))
+    secured, pending = client.secure(echo("round trip", version))
+    assert b"wsse:Security" in secured
+    clear(gw)
+    resp = send(gw, name, secured, version)
+    assert resp.status_code == 200, resp.text
+    assert b"wsse:Security" in resp.content  # the response is secured on its way back
+    plain = client.open(resp.content, pending)
+    assert plain.body.findtext(f".//{{{DEMO}}}text") == "round trip"
+    got = received(gw)[-1]
+    assert "Security" not in got["body"] and "wsu:Id" not in got["body"] and "Header" not in got["body"]
+    assert "round trip" in got["body"]  # decrypted content reached the backend
+    assert got["headers"].get("x-wsgate-subject") == identity
+
+
+def test_tampered_request_refused_and_counted(gw, pki: Path) -> None:
+    client = Client(route_of(gw, "rsa"), ClientConfig(certs=pki))
+    secured, _ = client.secure(echo("pay 10"))
+    clear(gw)
+    resp = send(gw, "rsa", secured.replace(b"pay 10", b"pay 99"))
+    assert resp.status_code == 500
+    assert fault_code(resp) == "FailedCheck"
+    assert "The signature or decryption was invalid" in resp.text
+    assert received(gw) == []
+    metrics = requests.get(f"http://127.0.0.1:{gw.opts.metrics_port}/metrics", timeout=5).text
+    metrics += requests.get(f"http://127.0.0.1:{gw.opts.metrics_port + 1}/metrics", timeout=5).text
+    assert 'wsgate_faults_total{profile="rsa",reason="FailedCheck",route="rsa"}' in metrics
+
+
+def test_replay_refused_across_workers(gw, pki: Path) -> None:
+    client = Client(route_of(gw, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
+    secured, _ = client.secure(echo("once"))
+    clear(gw)
+    codes = [send(gw, "hmac", secured).status_code for _ in range(6)]
+    assert codes == [200, 500, 500, 500, 500, 500]
+    assert len(received(gw)) == 1
+
+
+def test_untrusted_signer_refused(gw, pki: Path) -> None:
+    client = Client(route_of(gw, "rsa"), ClientConfig(certs=pki, key="rogue.key", certificate="rogue.pem"))
+    secured, _ = client.secure(echo())
+    clear(gw)
+    resp = send(gw, "rsa", secured)
+    assert fault_code(resp) == "FailedAuthentication"
+    assert received(gw) == []
+
+
+def test_plain_request_on_secured_route_refused(gw) -> None:
+    clear(gw)
+    resp = send(gw, "rsa", echo(version="1.2"), "1.2")
+    assert resp.status_code == 500
+    assert resp.headers["content-type"].startswith("application/soap+xml")
+    assert fault_code(resp) == "InvalidSecurity"
+    assert received(gw) == []
+
+
+def test_wrong_password_refused(gw, pki: Path) -> None:
+    client = Client(route_of(gw, "username"), ClientConfig(certs=pki, user="bob", password="guess"))
+    secured, pending = client.secure(echo())
+    resp = send(gw, "username", secured)
+    assert fault_code(resp) == "FailedAuthentication"
+    with pytest.raises(ClientError, match="FailedAuthentication"):
+        client.open(resp.content, pending)
+
+
+def test_backend_fault_is_secured(gw, pki: Path) -> None:
+    client = Client(route_of(gw, "rsa"), ClientConfig(certs=pki))
+    plain = echo().replace(b'<d:echo xmlns:d="urn:wsgate:demo"><d:text>hello</d:text></d:echo>',
+                           b'<d:fault xmlns:d="urn:wsgate:demo"/>')  # fmt: skip
+    secured, pending = client.secure(plain)
+    resp = send(gw, "rsa", secured)
+    assert resp.status_code == 500
+    assert b"wsse:Security" in resp.content and b"ds:Signature" in resp.content
+    with pytest.raises(ClientError, match="SOAP fault"):
+        client.open(resp.content, pending)
+
+
+def test_wsgate_client_cli(gw, pki: Path, tmp_path: Path) -> None:
+    request = tmp_path / "echo.xml"
+    request.write_bytes(echo("from the cli"))
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "client", "--policies", str(gw.opts.policies), "--certs", str(pki),
+         "--policy", "rsa-enc", "--url", f"http://127.0.0.1:{gw.opts.http_port}/rsa-enc/demo", str(request)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "<d:text>from the cli</d:text>" in run.stdout
+    assert "Security" not in run.stdout
