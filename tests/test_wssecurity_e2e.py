@@ -29,7 +29,7 @@ def routes(pki: Path) -> list[dict]:
             name="rsa-enc",
             replay={"store": "auto"},
             encryption={"require_request": True, "encrypt_response": True},
-        ),  # fmt: skip
+        ),
         route_doc(pki, "hmac", name="hmac", replay={"store": "auto"}),
         route_doc(
             pki,
@@ -37,7 +37,7 @@ def routes(pki: Path) -> list[dict]:
             name="username",
             replay={"store": "auto"},
             username_token={"required": True, "users_file": str(pki / "users.yaml")},
-        ),  # fmt: skip
+        ),
     ]
 
 
