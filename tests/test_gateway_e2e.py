@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -225,7 +226,10 @@ def test_filter_killed_fails_closed(tmp_path: Path, pki: Path) -> None:
 
 
 def test_policy_change_applies_without_restart(tmp_path: Path, pki: Path) -> None:
-    routes = [{"name": "a", "match": {"path_prefix": "/a/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"}]
+    routes = [
+        {"name": "stable", "match": {"path_prefix": "/s/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
+        {"name": "a", "match": {"path_prefix": "/a/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
+    ]
     with running_gateway(tmp_path, routes, pki) as g:
         assert post(g, "/a/x", envelope(ECHO)).status_code == 200
         assert post(g, "/b/x", envelope(ECHO)).status_code == 404
@@ -235,10 +239,26 @@ def test_policy_change_applies_without_restart(tmp_path: Path, pki: Path) -> Non
         policy.write_text(text.replace("profile: xml", "profile: bogus"))
         assert g.reload_if_changed() is False
         assert post(g, "/a/x", envelope(ECHO)).status_code == 200
+        # Traffic on an unchanged route keeps flowing while the listener is replaced: nothing is dropped.
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            with requests.Session() as s:
+                while not stop.is_set():
+                    statuses.append(s.post(url(g, "/s/x"), data=envelope(ECHO), timeout=10).status_code)
+
+        worker = threading.Thread(target=load)
+        worker.start()
+        time.sleep(0.3)
         policy.write_text(text.replace("/a/", "/b/"))
         assert g.reload_if_changed() is True
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and post(g, "/b/x", envelope(ECHO)).status_code != 200:
             time.sleep(0.1)
+        time.sleep(0.3)
+        stop.set()
+        worker.join()
         assert post(g, "/b/x", envelope(ECHO)).status_code == 200
         assert post(g, "/a/x", envelope(ECHO)).status_code == 404
+        assert len(statuses) > 10 and set(statuses) == {200}
