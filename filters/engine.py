@@ -27,6 +27,7 @@ class Exchange:
 class Outcome:
     body: bytes | None  # None: pass the body on unchanged
     set_headers: dict[str, str] = field(default_factory=dict)
+    answer: bool = False  # the gateway answers this request itself with `body` (e.g. WS-Trust); no backend
 
 
 class RoutePipeline:

@@ -61,6 +61,18 @@ def _immediate(fault: faults.Fault, soap_version: str) -> pb.ProcessingResponse:
     )
 
 
+def _answer(outcome: Outcome, soap_version: str) -> pb.ProcessingResponse:
+    assert outcome.body is not None
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=HttpStatus(code=200),
+            headers=pb.HeaderMutation(set_headers=[_header("content-type", faults.content_type(soap_version))]),
+            body=outcome.body,
+            details="wsgate_answer",
+        )
+    )
+
+
 class State:
     """The policies and engine a worker serves; swapped whole on reload."""
 
@@ -114,6 +126,9 @@ class Processor(pb_grpc.ExternalProcessorServicer):
                 elif kind == "request_body":
                     out = pipeline.request(req.request_body.body, headers, ex)
                     metrics.REQUESTS.labels(*label, "request", "ok").inc()
+                    if out.answer:
+                        yield _answer(out, ex.soap_version or "1.1")
+                        return
                     yield pb.ProcessingResponse(request_body=pb.BodyResponse(response=_body_response(out)))
                     phase = "response"
                 elif kind == "response_headers":

@@ -123,6 +123,9 @@ def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime)
     if security is None:
         raise faults.security("InvalidSecurity", "no wsse:Security header")
     st = _State(env=env, req=req, creds=creds, now=now, security=security)
+    # Tokens are resolved anywhere in the header, as WSS4J does: zeep puts its certificate after the signature.
+    for bst in security.iterchildren(BST):
+        _bst(st, bst)
     i = 0
     while i < len(security):
         child = security[i]
@@ -322,7 +325,7 @@ def _encrypted_data(st: _State, ed: etree._Element) -> bool:
 _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
     TIMESTAMP: _timestamp,
     USERNAME_TOKEN: _username_token,
-    BST: _bst,
+    BST: lambda st, el: False,  # registered before the walk
     ENCRYPTED_KEY: _encrypted_key,
     REFERENCE_LIST: _reference_list,
     SIGNATURE: _signature,
