@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lxml import etree
 
-from filters import faults, keys, metrics, ns, replay, signature, wssecurity
+from filters import encryption, faults, keys, metrics, ns, replay, signature, wssecurity
 from filters.engine import Exchange, Outcome, RoutePipeline
 from filters.threat_protection import check_structure, parse_envelope
 from filters.username_token import Users
@@ -144,7 +144,9 @@ class SecuredPipeline(RoutePipeline):
                                        key_info=key_info)  # fmt: skip
         encrypt = None
         if route.encryption.encrypt_response:
-            encrypt = wssecurity.EncryptFor(algorithm=algorithm, secret=secret, secret_key_info=key_info)
+            encrypt = wssecurity.EncryptFor(
+                algorithm=_sized(algorithm, len(secret)), secret=secret, secret_key_info=key_info
+            )
         return sign, encrypt
 
 
@@ -154,6 +156,15 @@ def _key_info_for(ref: keys.KeyRef) -> Callable[[], etree._Element]:
     if ref.kind == "encrypted_key_sha1":
         return lambda: keys.str_key_identifier(ns.ENCKEY_SHA1, ref.value)
     raise faults.server(f"cannot name a {ref.kind} key back to the requester")
+
+
+def _sized(algorithm: str, key_size: int) -> str:
+    """The response algorithm's mode at the size of the request's key (Basic128 clients send 16 bytes)."""
+    mode = algorithm.split("-", 1)[1]
+    sized = f"aes{key_size * 8}-{mode}"
+    if sized not in encryption.DATA_ALGORITHMS:
+        raise faults.server(f"no {mode} algorithm for a {key_size}-byte request key")
+    return sized
 
 
 def _rsa_algorithm(route: Route) -> str:

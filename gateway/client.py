@@ -13,7 +13,7 @@ from pathlib import Path
 from cryptography import x509
 
 from certs import pki
-from filters import faults, keys, ns, signature, wssecurity
+from filters import encryption, faults, keys, ns, signature, wssecurity
 from filters.soap import Envelope
 from filters.threat_protection import parse_envelope
 from gateway.policy import Route, UsernameTokenPolicy
@@ -125,7 +125,7 @@ class Client:
             pending.secret = secret
             return env.serialize(), pending
         # The symmetric binding: a fresh key, sent encrypted to the gateway, signs and encrypts.
-        secret = os.urandom(32)
+        secret = encryption.new_key(algorithm) if self.encrypts else os.urandom(32)
         sign = wssecurity.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest), None)
         encrypt = wssecurity.EncryptFor(algorithm, secret=secret) if self.encrypts else None
         got = wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
