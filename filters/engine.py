@@ -57,8 +57,10 @@ class RoutePipeline:
 def build_pipeline(route: Route) -> RoutePipeline:
     if route.profile == "xml":
         return RoutePipeline(route)
-    from filters.profiles import SecuredPipeline  # profiles builds on this module
+    from filters.profiles import SecureConversationPipeline, SecuredPipeline  # profiles builds on this module
 
+    if route.profile == "secureconversation":
+        return SecureConversationPipeline(route)
     return SecuredPipeline(route)
 
 

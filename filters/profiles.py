@@ -1,4 +1,5 @@
-"""The secured profiles on the gateway side: `rsa` (X.509) and `hmac` (pre-shared or symmetric-binding keys).
+"""The secured profiles on the gateway side: `rsa` (X.509), `hmac` (pre-shared or symmetric-binding keys) and
+`secureconversation` (contexts issued by the gateway itself, bootstrapped like `rsa`).
 
 Everything a route needs is loaded once, when the policy is: keys, certificates, the trust store, users, the
 replay store, the response signer. The hot path only parses, verifies, secures and serializes."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -14,7 +16,9 @@ from pathlib import Path
 from lxml import etree
 
 from filters import encryption, faults, keys, metrics, ns, replay, signature, wssecurity
+from filters import secure_conversation as sc
 from filters.engine import Exchange, Outcome, RoutePipeline
+from filters.soap import Envelope
 from filters.threat_protection import check_structure, parse_envelope
 from filters.username_token import Users
 from gateway.policy import Route
@@ -54,7 +58,7 @@ class SecuredPipeline(RoutePipeline):
             signature=route.signature,
             encryption=route.encryption,
             username_token=route.username_token,
-            signer="x509" if route.profile == "rsa" else "symmetric",
+            signer="symmetric" if route.profile == "hmac" else "x509",
             body_encrypted=route.encryption.require_request,
             limits=route.limits,
         )
@@ -62,14 +66,15 @@ class SecuredPipeline(RoutePipeline):
             users=Users.load(route.username_token.users_file) if route.username_token.users_file else None,
             replay=replay_store(route),
         )
-        opts = route.rsa if route.profile == "rsa" else route.hmac
+        x509 = route.profile != "hmac"
+        opts = route.rsa if x509 else route.hmac
         # An hmac route that does not take keys in EncryptedKeys has no use for its private key.
-        takes_encrypted_keys = route.profile == "rsa" or route.hmac.allow_encrypted_key
+        takes_encrypted_keys = x509 or route.hmac.allow_encrypted_key
         if takes_encrypted_keys and Path(opts.decryption_key).exists():
             self.credentials.decryption_key = keys.load_private_key(opts.decryption_key)
-        elif takes_encrypted_keys and route.encryption.require_request and route.profile == "rsa":
+        elif x509 and route.encryption.require_request:
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
-        if route.profile == "rsa":
+        if x509:
             self.credentials.trust = keys.TrustStore(
                 keys.load_certificates(route.rsa.trust_anchors), route.rsa.allowed_subjects
             )
@@ -119,7 +124,7 @@ class SecuredPipeline(RoutePipeline):
     ) -> tuple[wssecurity.SignWith | None, wssecurity.EncryptFor | None]:
         route = self.route
         algorithm = route.encryption.response_algorithm
-        if route.profile == "rsa":
+        if route.profile != "hmac":
             sign = None
             if route.rsa.sign_response:
                 bst_id = wssecurity.new_id("X509")
@@ -148,6 +153,121 @@ class SecuredPipeline(RoutePipeline):
                 algorithm=_sized(algorithm, len(secret)), secret=secret, secret_key_info=key_info
             )
         return sign, encrypt
+
+
+class SecureConversationPipeline(SecuredPipeline):
+    """`secureconversation`: the gateway issues and cancels security contexts itself (WS-Trust RST, never seen by
+    the backend); ordinary messages must be signed with keys derived from a live context.
+
+    The Issue request is checked like an `rsa` request (X.509 signature from a trusted client). Contexts live
+    where the route says: sealed into the token (no gateway memory), in memory (bounded), or in Redis."""
+
+    def __init__(self, route: Route) -> None:
+        super().__init__(route)
+        self.store = sc.make_store(route.secureconversation, os.environ.get(REDIS_URL_ENV))
+        self.in_context = replace(self.requirements, signer="context")
+        self.context_credentials = replace(
+            self.credentials, contexts=lambda now, local: sc.store_resolver(self.store, now, local)
+        )
+
+    def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
+        route = self.route
+        with metrics.stage(route, "parse"):
+            env = parse_envelope(body, route.limits)
+        ex.soap_version = env.version
+        security = wssecurity.find_security(env)
+        in_context = security is not None and any(sc.is_dkt(c) for c in security.iterchildren())
+        now = datetime.now(UTC)
+        with metrics.stage(route, "security_header"):
+            if in_context:
+                verified = wssecurity.process(env, self.in_context, self.context_credentials, now)
+            else:
+                verified = wssecurity.process(env, self.requirements, self.credentials, now)
+        check_structure(env.root)
+        ex.security = verified
+        rst = sc.find_rst(env)
+        if rst is not None:
+            return self._answer(sc.parse_rst(rst), env, verified, headers, now)
+        if verified.context is None:
+            raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")
+        out_headers = {route.identity_header: verified.context.subject} if route.identity_header else {}
+        with metrics.stage(route, "serialize"):
+            return Outcome(body=env.serialize(), set_headers=out_headers)
+
+    def _answer(
+        self, rst: sc.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime
+    ) -> Outcome:
+        route = self.route
+        relates_to = sc.message_id(env)
+        if rst.request_type == "issue":
+            if verified.context is not None or verified.signer_certificate is None or verified.subject is None:
+                raise faults.security("InvalidSecurity", "an Issue request must be signed with an X.509 certificate")
+            # Client entropy is only secret if nobody could read it on the way: encrypted Body or TLS.
+            confidential = verified.decrypted_body or headers.get("x-forwarded-proto") == "https"
+            answer = sc.answer_issue(
+                rst, self.store, verified.signer_certificate, verified.subject, now, entropy_confidential=confidential
+            )
+            reply = sc.envelope(
+                env.version, answer.response, action=rst.version.issue_reply_action, relates_to=relates_to
+            )
+            sign, encrypt = super()._response_security(verified)
+            tokens: tuple[etree._Element, ...] = ()
+        else:
+            if verified.context is None:
+                raise faults.security("InvalidSecurity", "a Cancel request must be signed with the context's keys")
+            rstr = sc.answer_cancel(rst, self.store, verified.context, now)
+            reply = sc.envelope(env.version, rstr, action=rst.version.cancel_reply_action, relates_to=relates_to)
+            sign, encrypt, tokens = self._context_security(verified.context)
+        with metrics.stage(route, "secure"):
+            wssecurity.secure(
+                reply, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt, tokens=tokens
+            )
+        return Outcome(body=reply.serialize(), answer=True)
+
+    def response(self, body: bytes, ex: Exchange) -> Outcome:
+        route = self.route
+        with metrics.stage(route, "parse"):
+            try:
+                env = parse_envelope(body, route.response_limits)
+            except faults.Fault as fault:
+                raise faults.server(f"backend response refused: {fault.reason}", status=502) from None
+        if env.is_fault() and not route.secure_faults:
+            return Outcome(body=None)
+        verified = ex.security
+        assert isinstance(verified, wssecurity.Verified) and verified.context is not None
+        sign, encrypt, tokens = self._context_security(verified.context)
+        with metrics.stage(route, "secure"):
+            wssecurity.secure(
+                env, datetime.now(UTC), timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt,
+                tokens=tokens,
+            )  # fmt: skip
+        with metrics.stage(route, "serialize"):
+            return Outcome(body=env.serialize())
+
+    def _context_security(
+        self, ctx: sc.Context
+    ) -> tuple[wssecurity.SignWith, wssecurity.EncryptFor | None, tuple[etree._Element, ...]]:
+        return context_security(ctx, self.route, encrypt=self.route.encryption.encrypt_response)
+
+
+def context_security(
+    ctx: sc.Context, route: Route, *, encrypt: bool
+) -> tuple[wssecurity.SignWith, wssecurity.EncryptFor | None, tuple[etree._Element, ...]]:
+    """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this."""
+    keys_ = sc.message_keys(ctx)
+    dk = ctx.version.dk_token_type
+    signing, encrypting = keys_.signing, keys_.encryption
+    sign = wssecurity.SignWith(
+        signer=signature.Signer(signing.key, _hmac_algorithm(route), _digest(route)),
+        key_info=lambda: keys.str_reference(signing.id, dk),
+    )
+    enc = None
+    if encrypt:
+        algorithm = _sized(route.encryption.response_algorithm, len(encrypting.key))
+        enc = wssecurity.EncryptFor(
+            algorithm=algorithm, secret=encrypting.key, secret_key_info=lambda: keys.str_reference(encrypting.id, dk)
+        )
+    return sign, enc, (signing.element, encrypting.element) if encrypt else (signing.element,)
 
 
 def _key_info_for(ref: keys.KeyRef) -> Callable[[], etree._Element]:

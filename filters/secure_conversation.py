@@ -571,7 +571,7 @@ class SealedContextStore:
         sealed = nonce + self._keys[self._seal_with].encrypt(nonce, _pack(ctx), head.encode())
         identifier = head + _b64url(sealed)
         if len(identifier) > MAX_IDENTIFIER:
-            raise ValueError(f"subject too long to seal into an identifier: {len(subject)} characters")
+            raise _wst_fault(version, "RequestFailed", f"subject of {len(subject)} characters too long to seal")
         return dataclasses.replace(ctx, identifier=identifier)
 
     def _open(self, identifier: str, version: Version) -> tuple[Context, bytes]:
@@ -586,7 +586,8 @@ class SealedContextStore:
             raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
         except binascii.Error:
             raw = b""
-        # One spelling per context: a variant (other padding bits) must not slip past a recorded cancellation.
+        # One spelling per context (base64 leaves spare bits in the last character): whatever is keyed by the
+        # identifier string sees one context as one. Cancellations are keyed by key id and GCM nonce anyway.
         if not _B64URL.fullmatch(payload) or _b64url(raw) != payload or len(raw) < _GCM_NONCE + _GCM_TAG:
             raise _unknown(version, identifier, "malformed sealed identifier")
         head = identifier[: len(SEALED_PREFIX) + len(key_id) + 1]
@@ -601,7 +602,7 @@ class SealedContextStore:
 
     def _lookup(self, identifier: str, version: Version, now: datetime) -> tuple[Context, bytes]:
         ctx, revocation = self._open(identifier, version)
-        if False:
+        if self.revocations.revoked(revocation, now):
             raise _unknown(version, identifier, "cancelled security context")
         return _live(ctx, version, now), revocation
 
@@ -779,6 +780,11 @@ def _identifier(ref: SctRef, local: Mapping[str, Sct] | None, code: str) -> str:
     if sct is None or sct.version is not ref.version:
         raise wsc_fault(ref.version, code, f"no {ref.version.name} SCT #{(ref.local_id or '')[:80]} in the header")
     return sct.identifier
+
+
+def identifier_of(ref: SctRef, local: Mapping[str, Sct] | None) -> str:
+    """The Identifier a reference names (through `local`, the header's SCTs, for '#id')."""
+    return _identifier(ref, local, "UnknownDerivationSource")
 
 
 def sct_reference(version: Version, *, identifier: str | None = None, local_id: str | None = None) -> etree._Element:

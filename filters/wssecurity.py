@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
 from filters import encryption, faults, keys, ns, signature, timestamp, username_token
+from filters import secure_conversation as sc
 from filters.replay import ReplayCache
 from filters.soap import Envelope
 from filters.threat_protection import Limits
@@ -52,7 +53,9 @@ class Requirements:
     signature: SignaturePolicy
     encryption: EncryptionPolicy
     username_token: UsernameTokenPolicy
-    signer: str | None  # "x509" or "symmetric": a signature of that kind is required; None: none required
+    # "x509", "symmetric" (pre-shared or EncryptedKey) or "context" (a key derived from a security context):
+    # a signature with such a key is required; None: no signature required.
+    signer: str | None
     body_encrypted: bool  # the Body content must have arrived encrypted
     limits: Limits
 
@@ -68,6 +71,8 @@ class Credentials:
     encrypted_keys: Mapping[str, bytes] = field(default_factory=dict)  # EncryptedKeySHA1 (base64) -> key we sent
     users: username_token.Users | None = None
     replay: ReplayCache | None = None
+    # WS-SecureConversation: resolves the SCT references of one message (now, the header's SCTs by wsu:Id).
+    contexts: Callable[[datetime, Mapping[str, sc.Sct]], sc.SctResolver] | None = None
 
 
 @dataclass
@@ -82,6 +87,7 @@ class Verified:
     username: str | None = None
     timestamp: timestamp.Window | None = None
     decrypted_body: bool = False
+    context: sc.Context | None = None  # the security context whose derived keys the message used
 
     def covers(self, el: etree._Element) -> bool:
         """Whether `el` or an ancestor of it was signed (by identity)."""
@@ -100,6 +106,8 @@ class _State:
     secret_by_id: dict[str, bytes] = field(default_factory=dict)  # EncryptedKeys by Id
     secret_by_sha1: dict[str, bytes] = field(default_factory=dict)  # EncryptedKeys by EncryptedKeySHA1
     decrypted: list[tuple[etree._Element, list[etree._Element], bool]] = field(default_factory=list)
+    derived_ids: set[str] = field(default_factory=set)  # DerivedKeyTokens, by wsu:Id, whose keys are in secret_by_id
+    scts: dict[str, sc.Sct] = field(default_factory=dict)
     signatures: int = 0
     out: Verified = field(default_factory=Verified)
 
@@ -126,6 +134,7 @@ def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime)
     # Tokens are resolved anywhere in the header, as WSS4J does: zeep puts its certificate after the signature.
     for bst in security.iterchildren(BST):
         _bst(st, bst)
+    st.scts = sc.header_scts(security)
     i = 0
     while i < len(security):
         child = security[i]
@@ -283,8 +292,11 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     secret = _resolve_secret(st, ref)
     key: x509.Certificate | bytes
     if secret is not None:
+        from_context = ref.kind == "reference" and ref.value in st.derived_ids
         if st.req.signer == "x509":
             raise faults.security("InvalidSecurity", "symmetric signature on a route that requires X.509")
+        if st.req.signer == "context" and not from_context:
+            raise faults.security("InvalidSecurity", "signature key not derived from a security context")
         key = secret
     else:
         if st.req.signer == "symmetric":
@@ -314,6 +326,21 @@ def _reply_reference(st: _State, ref: keys.KeyRef, secret: bytes) -> keys.KeyRef
     return ref
 
 
+def _derived_key_token(st: _State, el: etree._Element) -> bool:
+    if st.creds.contexts is None:
+        raise faults.security("InvalidSecurity", "DerivedKeyToken on a route without security contexts")
+    ck = sc.derive(el, st.creds.contexts(st.now, st.scts))
+    if not ck.id:
+        raise faults.security("InvalidSecurity", "DerivedKeyToken without wsu:Id")
+    if st.out.context is not None and st.out.context.identifier != ck.context.identifier:
+        raise faults.security("InvalidSecurity", "keys from two security contexts in one message")
+    st.secret_by_id[ck.id] = ck.key
+    st.derived_ids.add(ck.id)
+    st.out.context = ck.context
+    st.out.subject = ck.context.subject or st.out.subject
+    return False
+
+
 def _encrypted_data(st: _State, ed: etree._Element) -> bool:
     """An encrypted header token (e.g. a UsernameToken) that names its own key."""
     ed_id = ed.get("Id")
@@ -331,6 +358,9 @@ _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
     REFERENCE_LIST: _reference_list,
     SIGNATURE: _signature,
     ENCRYPTED_DATA: _encrypted_data,
+    # A SecurityContextToken is read with the header (header_scts), when a DerivedKeyToken names it.
+    **{ns.q(v.wsc, "SecurityContextToken"): (lambda st, el: False) for v in sc.VERSIONS},
+    **{ns.q(v.wsc, "DerivedKeyToken"): _derived_key_token for v in sc.VERSIONS},
 }
 
 
@@ -442,11 +472,13 @@ def secure(
     encrypt: EncryptFor | None = None,
     user: tuple[str, str, bool] | None = None,
     symmetric_binding: tuple[bytes, x509.Certificate, str] | None = None,
+    tokens: tuple[etree._Element, ...] = (),
 ) -> Secured:
     """Add a Security header to `env` as the arguments say (WSS4J's "Timestamp UsernameToken Signature Encrypt").
 
     `symmetric_binding` = (secret, recipient certificate, transport): the client side of the WS-SecurityPolicy
-    symmetric binding; the secret travels in an EncryptedKey that the signature and encryption refer to."""
+    symmetric binding; the secret travels in an EncryptedKey that the signature and encryption refer to.
+    `tokens` (a SecurityContextToken, DerivedKeyTokens) go first, in order: what follows refers to them."""
     header = env.ensure_header()
     security = etree.Element(SECURITY, nsmap={"wsse": ns.WSSE, "wsu": ns.WSU})
     security.set(ns.q(env.soap_ns, "mustUnderstand"), "true" if env.version == "1.2" else "1")
@@ -493,6 +525,8 @@ def secure(
         _encrypt_body(env, security, encrypt, ek, binding_ref)
     elif ek is not None:
         security.insert(0, ek)
+    for token in reversed(tokens):
+        security.insert(0, token)
     return result
 
 

@@ -6,14 +6,18 @@ It is the sending and receiving side of the same engine the gateway runs (filter
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import requests
 from cryptography import x509
 
 from certs import pki
 from filters import encryption, faults, keys, ns, signature, wssecurity
+from filters import secure_conversation as sc
+from filters.profiles import context_security
 from filters.soap import Envelope
 from filters.threat_protection import parse_envelope
 from gateway.policy import Route, UsernameTokenPolicy
@@ -38,6 +42,7 @@ class ClientConfig:
     password_digest: bool = True
     encrypt: bool | None = None  # None: as the route requires
     timestamp_ttl_s: int = 300
+    sc_version: str = "1.3"  # WS-SecureConversation version to ask for: "1.3" or "2005/02"
 
     def path(self, name: str) -> Path:
         p = Path(name)
@@ -54,10 +59,28 @@ class Pending:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+Post = Callable[[bytes, str], bytes]  # (body, content type) -> reply body
+
+
+def http_post(
+    url: str, session: requests.Session | None = None, verify: str | bool = True, timeout: float = 30
+) -> Post:
+    """A Post over HTTP(S) with keep-alive."""
+    s = session or requests.Session()
+
+    def post(body: bytes, ctype: str) -> bytes:
+        return s.post(url, data=body, headers={"content-type": ctype}, timeout=timeout, verify=verify).content
+
+    return post
+
+
 class Client:
+    """Secures requests for one route and opens its replies. On a `secureconversation` route, `establish` first
+    (an Issue RST signed like an `rsa` request); messages then use keys derived from the context."""
+
     def __init__(self, route: Route, cfg: ClientConfig | None = None) -> None:
-        if route.profile not in ("rsa", "hmac"):
-            raise ValueError(f"route {route.name}: the client secures rsa and hmac routes, not {route.profile}")
+        if route.profile not in ("rsa", "hmac", "secureconversation"):
+            raise ValueError(f"route {route.name}: the client secures rsa, hmac and secureconversation routes")
         self.route = route
         self.cfg = cfg = cfg or ClientConfig()
         self.private_key = keys.load_private_key(cfg.path(cfg.key))
@@ -69,12 +92,14 @@ class Client:
         self.psk = keys.load_hmac_keys(route.hmac.keys_file) if cfg.key_name and route.hmac.keys_file else {}
         sig = route.signature
         self.digest = sig.digests[0]
-        if route.profile == "rsa":
+        x509 = route.profile != "hmac"
+        if x509:
             algorithm = next(a for a in [*sig.algorithms, "rsa-sha256"] if a.startswith("rsa"))
             self.signer = signature.Signer(self.private_key, algorithm, self.digest)
         self.hmac_algorithm = next(a for a in [*sig.algorithms, "hmac-sha256"] if a.startswith("hmac"))
-        signer_kind = "x509" if route.profile == "rsa" else "symmetric"
-        sign_response = route.rsa.sign_response if route.profile == "rsa" else route.hmac.sign_response
+        signer_kind = "x509" if x509 else "symmetric"
+        sign_response = route.rsa.sign_response if x509 else route.hmac.sign_response
+        self.context: sc.Context | None = None
         self.reply_requirements = wssecurity.Requirements(
             timestamp=route.timestamp,
             signature=sig.model_copy(update={"parts": [p for p in sig.parts if p in ("body", "timestamp")]}),
@@ -84,6 +109,7 @@ class Client:
             body_encrypted=route.encryption.encrypt_response,
             limits=route.response_limits,
         )
+        self.in_context = replace(self.reply_requirements, signer="context")
         self.trust = keys.TrustStore([keys.load_certificate(cfg.path(cfg.ca))])
 
     @property
@@ -94,13 +120,20 @@ class Client:
         """The request, secured; and what is needed to open its reply."""
         env = parse_envelope(plain, self.route.limits)
         now = datetime.now(UTC)
+        if self.route.profile == "secureconversation":
+            if self.context is None:
+                raise ClientError("no security context: establish one first")
+            return self._secure_in_context(env, now), Pending(soap_version=env.version)
+        return self._secure(env, now)
+
+    def _secure(self, env: Envelope, now: datetime) -> tuple[bytes, Pending]:
         route, cfg = self.route, self.cfg
         user = (cfg.user, cfg.password or "", cfg.password_digest) if cfg.user else None
         parts = tuple(route.signature.parts)
         algorithm = route.encryption.data_algorithms[0]
         transport = route.encryption.key_transport[0]
         pending = Pending(soap_version=env.version)
-        if route.profile == "rsa":
+        if route.profile != "hmac":
             bst_id = wssecurity.new_id("X509")
             sign = wssecurity.SignWith(self.signer, lambda: keys.str_reference(bst_id, ns.X509V3), self.certificate)
             encrypt = None
@@ -134,6 +167,50 @@ class Client:
         pending.secret, pending.encrypted_key_sha1 = secret, got.encrypted_key_sha1
         return env.serialize(), pending
 
+    def _secure_in_context(self, env: Envelope, now: datetime) -> bytes:
+        assert self.context is not None
+        sign, encrypt, tokens = context_security(self.context, self.route, encrypt=self.encrypts)
+        wssecurity.secure(env, now, timestamp_ttl_s=self.cfg.timestamp_ttl_s, sign=sign,
+                          sign_parts=tuple(p for p in self.route.signature.parts if p != "username_token"),
+                          encrypt=encrypt, tokens=tokens)  # fmt: skip
+        return env.serialize()
+
+    # -- WS-SecureConversation ---------------------------------------------------------------------------
+    def establish(self, post: Post, soap_version: str = "1.1") -> sc.Context:
+        """Ask the gateway for a security context (Issue RST, signed and its Body encrypted: the entropy is secret)."""
+        version = next(v for v in sc.VERSIONS if v.name == self.cfg.sc_version)
+        entropy = os.urandom(32)
+        env = sc.envelope(soap_version, sc.build_issue_rst(version, entropy=entropy), action=version.issue_action)
+        saved, self.cfg.encrypt = self.cfg.encrypt, True
+        try:
+            secured, pending = self._secure(env, datetime.now(UTC))
+        finally:
+            self.cfg.encrypt = saved
+        reply = self.open(post(secured, content_type(soap_version)), pending)
+        issued = sc.read_rstr(reply.body[0], entropy=entropy, private_key=self.private_key)
+        self.context = issued.context
+        return issued.context
+
+    def cancel(self, post: Post, soap_version: str = "1.1") -> None:
+        """End the context (Cancel RST signed with its keys)."""
+        if self.context is None:
+            raise ClientError("no security context to cancel")
+        env = sc.envelope(soap_version, sc.build_cancel_rst(self.context), action=self.context.version.cancel_action)
+        secured = self._secure_in_context(env, datetime.now(UTC))
+        reply = self.open(post(secured, content_type(soap_version)), Pending(soap_version=soap_version))
+        sc.read_cancel_rstr(reply.body[0])
+        self.context = None
+
+    def _context_resolver(self, now: datetime, local: Mapping[str, sc.Sct]) -> sc.SctResolver:
+        ctx = self.context
+
+        def resolve(ref: sc.SctRef) -> sc.Context:
+            if ctx is None or sc.identifier_of(ref, local) != ctx.identifier:
+                raise sc.wsc_fault(ref.version, "UnknownDerivationSource", "reply names a context we do not hold")
+            return ctx
+
+        return resolve
+
     def _gateway_cert(self) -> x509.Certificate:
         if self.gateway_cert is None:
             raise ClientError(
@@ -157,8 +234,14 @@ class Client:
             if pending.encrypted_key_sha1 and pending.secret
             else {},
         )
+        requirements = self.reply_requirements
+        if self.context is not None and wssecurity.find_security(env) is not None:
+            security = wssecurity.find_security(env)
+            if security is not None and any(sc.is_dkt(c) for c in security.iterchildren()):
+                requirements = self.in_context
+                creds.contexts = self._context_resolver
         try:
-            wssecurity.process(env, self.reply_requirements, creds, datetime.now(UTC))
+            wssecurity.process(env, requirements, creds, datetime.now(UTC))
         except faults.Fault as f:
             raise ClientError(f"reply refused ({f.code or 'Client'}): {f.reason}") from None
         if env.is_fault():
