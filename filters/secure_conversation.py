@@ -170,8 +170,7 @@ def _store_full(version: Version, reason: str) -> faults.Fault:
         "RequestFailed",
         reason,
         message="The gateway holds as many security contexts as it may; retry later",
-        status=503,
-        sender=False,
+        sender=False,  # HTTP 500 as every SOAP fault (503 is Envoy's own "service unavailable")
     )
 
 
@@ -305,7 +304,7 @@ class ContextStore(Protocol):
 
 class MemoryContextStore:
     """Contexts in this process: at most `max_contexts`. When full, expired contexts make room (earliest
-    expiry first); a store full of live contexts refuses new ones (RequestFailed, 503) rather than grow or
+    expiry first); a store full of live contexts refuses new ones (RequestFailed, a Receiver fault) rather than grow or
     evict a context someone is using."""
 
     def __init__(self, lifetime_s: int, max_contexts: int) -> None:

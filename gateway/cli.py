@@ -82,9 +82,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    import requests
-
-    from gateway.client import Client, ClientConfig, ClientError, content_type
+    from gateway.client import Client, ClientConfig, ClientError, http_post
 
     try:
         route = load_dir(args.policies).route(args.policy)
@@ -97,28 +95,33 @@ def cmd_client(args: argparse.Namespace) -> int:
     cfg = ClientConfig(
         certs=args.certs, key=args.key, certificate=args.cert, key_name=args.key_name, user=args.user,
         password=args.password, password_digest=not args.password_text, encrypt=args.encrypt,
+        sc_version=args.sc_version,
     )  # fmt: skip
     try:
         client = Client(route, cfg)
-        secured, pending = client.secure(
-            Path(args.request).read_bytes() if args.request != "-" else sys.stdin.buffer.read()
-        )
+        plain = Path(args.request).read_bytes() if args.request != "-" else sys.stdin.buffer.read()
     except (ClientError, OSError, ValueError) as exc:
         print(f"wsgate client: {exc}", file=sys.stderr)
         return 2
-    if args.show_secured:
-        print(secured.decode(), file=sys.stderr)
-    headers = {"content-type": content_type(pending.soap_version)}
-    if args.soap_action:
-        headers["soapaction"] = f'"{args.soap_action}"'
     verify: str | bool = str(args.certs / "ca.pem") if args.url.startswith("https") else True
-    resp = requests.post(args.url, data=secured, headers=headers, timeout=args.timeout, verify=verify)
+    post = http_post(args.url, verify=verify, timeout=args.timeout, soap_action=args.soap_action)
+    session = route.profile == "secureconversation"
     try:
-        plain = client.open(resp.content, pending)
+        if session:
+            ctx = client.establish(post)
+            print(f"# context established: {ctx.identifier[:48]}... ({ctx.version.name})", file=sys.stderr)
+        for _ in range(args.repeat):
+            secured, pending = client.secure(plain)
+            if args.show_secured:
+                print(secured.decode(), file=sys.stderr)
+            reply = client.open(post(secured, pending.content_type), pending)
+            sys.stdout.write(reply.serialize().decode() + "\n")
+        if session and not args.keep_context:
+            client.cancel(post)
+            print("# context cancelled", file=sys.stderr)
     except ClientError as exc:
-        print(f"wsgate client: HTTP {resp.status_code}: {exc}", file=sys.stderr)
+        print(f"wsgate client: {exc}", file=sys.stderr)
         return 1
-    sys.stdout.write(plain.serialize().decode() + "\n")
     return 0
 
 
@@ -179,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--soap-action")
     client.add_argument("--show-secured", action="store_true", help="print the secured request to stderr")
     client.add_argument("--timeout", type=float, default=30)
+    client.add_argument("--repeat", type=int, default=1, help="send the request this many times")
+    client.add_argument("--sc-version", choices=["1.3", "2005/02"], default="1.3", help="secureconversation")
+    client.add_argument("--keep-context", action="store_true", help="secureconversation: do not cancel at the end")
     client.set_defaults(func=cmd_client)
 
     # Listed for --help; their own parsers take the arguments (see main).

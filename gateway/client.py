@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -56,20 +56,23 @@ class Pending:
     secret: bytes | None = None
     encrypted_key_sha1: str | None = None
     soap_version: str = "1.1"
-    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def content_type(self) -> str:
+        return content_type(self.soap_version)
 
 
 Post = Callable[[bytes, str], bytes]  # (body, content type) -> reply body
 
 
-def http_post(
-    url: str, session: requests.Session | None = None, verify: str | bool = True, timeout: float = 30
-) -> Post:
+def http_post(url: str, verify: str | bool = True, timeout: float = 30, soap_action: str | None = None) -> Post:
     """A Post over HTTP(S) with keep-alive."""
-    s = session or requests.Session()
+    session = requests.Session()
+    extra = {"soapaction": f'"{soap_action}"'} if soap_action else {}
 
     def post(body: bytes, ctype: str) -> bytes:
-        return s.post(url, data=body, headers={"content-type": ctype}, timeout=timeout, verify=verify).content
+        headers = {"content-type": ctype, **extra}
+        return session.post(url, data=body, headers=headers, timeout=timeout, verify=verify).content
 
     return post
 

@@ -113,6 +113,7 @@ class Gateway:
         self._signature = _policy_signature(o.policies)
         self.render()
         self._start_shared_store()
+        self._check_per_process_stores()
         if o.backend:
             self.backend = self._spawn("backend", [sys.executable, "-m", "gateway.demo_backend", "--listen", o.backend])
             host, port = o.backend.rsplit(":", 1)
@@ -150,6 +151,17 @@ class Gateway:
                 raise RuntimeError(f"redis-server did not start; see {self.logs}/redis.log")
             time.sleep(0.05)
         self.env[REDIS_URL_ENV] = f"unix://{sock}"
+
+    def _check_per_process_stores(self) -> None:
+        """A per-process store (replay `memory`, contexts `memory`) only works when one worker sees all traffic."""
+        assert self.policies is not None
+        if self.opts.workers < 2:
+            return
+        for r in self.policies.routes:
+            if r.touches_xml and r.profile != "xml" and r.replay.store == "memory":
+                raise PolicyError(f"route {r.name}: replay store memory needs --workers 1 (use auto or redis)")
+            if r.profile == "secureconversation" and r.secureconversation.store == "memory":
+                raise PolicyError(f"route {r.name}: context store memory needs --workers 1 (use sealed or redis)")
 
     def _wait_envoy_ready(self, timeout: float = 30) -> None:
         assert self.envoy is not None

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import redis
 import yaml
 
 from gateway.supervisor import Gateway, Options
@@ -76,3 +80,41 @@ def envelope(body_xml: str, version: str = "1.1", header_xml: str = "") -> bytes
 
 def content_type(version: str) -> str:
     return "application/soap+xml; charset=utf-8" if version == "1.2" else "text/xml; charset=utf-8"
+
+
+# Loopback only, and nothing written to disk.
+REDIS_FLAGS = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+
+
+def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A throwaway redis-server on a free loopback port; a few tries, as another process may take the port."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is needed: apt-get install -y redis-server"
+    for _ in range(5):
+        port = free_ports(1)[0]
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--dir", str(tmp), *REDIS_FLAGS],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        probe = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 10
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    # Ours, not some other server that took the port first.
+                    if probe.info("server")["process_id"] == proc.pid:
+                        return proc, url
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+        finally:
+            probe.close()
+        stop(proc)
+    raise RuntimeError("redis-server did not start")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(timeout=10)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +11,7 @@ import redis
 
 from filters import faults
 from filters.replay import MemoryReplayCache, RedisReplayCache, from_url
+from tests.harness import free_ports, start_redis, stop
 
 
 class Clock:
@@ -24,50 +22,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-# Loopback only, and nothing written to disk.
-REDIS_FLAGS = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A throwaway redis-server on a free loopback port; a few tries, as another process may take the port."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is needed: apt-get install -y redis-server"
-    for _ in range(5):
-        port = free_port()
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--dir", str(tmp), *REDIS_FLAGS],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"redis://127.0.0.1:{port}/0"
-        probe = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        try:
-            while proc.poll() is None and time.monotonic() < deadline:
-                try:
-                    # Ours, not some other server that took the port first.
-                    if probe.info("server")["process_id"] == proc.pid:
-                        return proc, url
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-        finally:
-            probe.close()
-        stop(proc)
-    raise RuntimeError("redis-server did not start")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.kill()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +208,7 @@ def test_redis_only_one_of_many_racers_wins(redis_url: str) -> None:
 
 
 def test_redis_unreachable_is_a_server_fault() -> None:
-    cache = RedisReplayCache(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
+    cache = RedisReplayCache(f"redis://127.0.0.1:{free_ports(1)[0]}/0", timeout_s=0.5)
     with pytest.raises(faults.Fault) as info:
         cache.seen(b"a", 60)
     assert info.value.sender is False

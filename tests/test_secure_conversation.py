@@ -7,9 +7,6 @@ from __future__ import annotations
 import base64
 import copy
 import os
-import shutil
-import socket
-import subprocess
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -28,6 +25,7 @@ from filters import secure_conversation as sc
 from filters.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
 from filters.threat_protection import parse_envelope
 from gateway.policy import Limits, SecureConversationOptions
+from tests.harness import free_ports, start_redis, stop
 
 NOW = datetime.now(UTC)
 SUBJECT = "CN=Demo Client,O=WSGate Demo"
@@ -81,49 +79,6 @@ def sealed(master_keys: Path, lifetime_s: int = LIFETIME, max_revocations: int =
 
 
 # --- redis-server (the pattern of tests/test_replay.py)
-
-# Loopback only, and nothing written to disk.
-REDIS_FLAGS = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A throwaway redis-server on a free loopback port; a few tries, as another process may take the port."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is needed: apt-get install -y redis-server"
-    for _ in range(5):
-        port = free_port()
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--dir", str(tmp), *REDIS_FLAGS],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"redis://127.0.0.1:{port}/0"
-        probe = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        try:
-            while proc.poll() is None and time.monotonic() < deadline:
-                try:
-                    # Ours, not some other server that took the port first.
-                    if probe.info("server")["process_id"] == proc.pid:
-                        return proc, url
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-        finally:
-            probe.close()
-        stop(proc)
-    raise RuntimeError("redis-server did not start")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.kill()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -936,7 +891,7 @@ def test_sealed_cancellations_are_bounded(master_keys: Path) -> None:
     store.cancel(first[1].identifier, V, NOW)
     assert len(store) == 2
     with pytest.raises(
-        faults.Fault, check=lambda f: f.code == "RequestFailed" and f.http_status == 503 and not f.sender
+        faults.Fault, check=lambda f: f.code == "RequestFailed" and f.http_status == 500 and not f.sender
     ):
         store.cancel(first[2].identifier, V, NOW)
     assert store.lookup(first[2].identifier, V, NOW) == first[2]  # a refused cancel changes nothing
@@ -983,7 +938,7 @@ def test_memory_store_full_of_live_contexts_refuses() -> None:
     with pytest.raises(faults.Fault) as info:
         store.issue(SECRET, SUBJECT, V, NOW)
     fault = info.value
-    assert (fault.code, fault.code_ns, fault.http_status, fault.sender) == ("RequestFailed", V.wst, 503, False)
+    assert (fault.code, fault.code_ns, fault.http_status, fault.sender) == ("RequestFailed", V.wst, 500, False)
     assert "retry later" in fault.message and "full" in fault.reason
     assert len(store) == 3
     assert all(store.lookup(c.identifier, V, NOW) == c for c in live)  # nobody was evicted
@@ -1077,7 +1032,7 @@ def test_two_redis_stores_share_contexts(redis_url: str) -> None:
 
 
 def test_redis_unavailable_is_a_server_fault() -> None:
-    store = sc.RedisContextStore(f"redis://127.0.0.1:{free_port()}/0", LIFETIME, timeout_s=0.5)
+    store = sc.RedisContextStore(f"redis://127.0.0.1:{free_ports(1)[0]}/0", LIFETIME, timeout_s=0.5)
     try:
         for attempt in (lambda: store.issue(SECRET, SUBJECT, V, NOW), lambda: store.lookup("urn:uuid:x", V, NOW)):
             with pytest.raises(faults.Fault, check=lambda f: not f.sender and "unavailable" in f.reason):
@@ -1106,7 +1061,7 @@ def test_make_store_kinds(master_keys: Path, redis_url: str) -> None:
     given.issue(SECRET, SUBJECT, V, NOW)
     given.close()
     # ... but a policy's own redis_url wins.
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+    dead = f"redis://127.0.0.1:{free_ports(1)[0]}/0"
     own = sc.make_store(options(store="redis", redis_url=dead), redis_url)
     assert isinstance(own, sc.RedisContextStore)
     with pytest.raises(faults.Fault, check=lambda f: not f.sender):
