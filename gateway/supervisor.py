@@ -130,12 +130,22 @@ class Gateway:
         self._wait_envoy_ready()
 
     def _start_shared_store(self) -> None:
-        """Several workers must see each other's replay entries (and contexts): give them one Redis."""
+        """Several workers must see each other's replay entries (and contexts): give them one Redis; so do routes
+        that ask for a Redis store without naming one."""
         o = self.opts
-        if o.workers < 2 or REDIS_URL_ENV in self.env:
+        assert self.policies is not None
+        wants_redis = any(
+            (r.replay.store == "redis" and not r.replay.redis_url)
+            or (r.profile == "secureconversation" and r.secureconversation.store == "redis"
+                and "redis_url" not in r.secureconversation.model_fields_set)
+            for r in self.policies.routes
+        )  # fmt: skip
+        if (o.workers < 2 and not wants_redis) or REDIS_URL_ENV in self.env:
             return
         redis_bin = shutil.which("redis-server")
         if redis_bin is None:
+            if wants_redis:
+                raise RuntimeError("a route needs a Redis store and redis-server is not installed")
             log.warning("redis-server not found: running 1 filter worker so replay detection stays exact")
             o.workers = 1
             self.render()
