@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from filters import faults, metrics
-from filters.soap import version_from_content_type
+from filters.soap import Envelope, version_from_content_type
 from filters.threat_protection import parse_envelope
 from gateway.policy import PolicySet, Route
 
@@ -45,13 +45,16 @@ class RoutePipeline:
         return Outcome(body=None)
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
+        self.parse_response(body)
+        return Outcome(body=None)
+
+    def parse_response(self, body: bytes) -> Envelope:
         try:
             with metrics.stage(self.route, "parse"):
-                parse_envelope(body, self.route.response_limits)
+                return parse_envelope(body, self.route.response_limits)
         except faults.Fault as fault:
             # A backend that answers something other than SOAP is the backend's fault, not the client's.
             raise faults.server(f"backend response refused: {fault.reason}", status=502) from None
-        return Outcome(body=None)
 
 
 def build_pipeline(route: Route) -> RoutePipeline:

@@ -47,6 +47,10 @@ def _redis_store(url: str) -> replay.ReplayCache:
     return replay.RedisReplayCache(url)
 
 
+# What secures a message: the signature, the encryption, tokens to put first in the header.
+ResponseSecurity = tuple[wssecurity.SignWith | None, wssecurity.EncryptFor | None, tuple[etree._Element, ...]]
+
+
 class SecuredPipeline(RoutePipeline):
     """Inbound: threat protection, then the Security header in the sender's order, then plain SOAP out.
     Outbound: the mirror image, the response signed (and encrypted) for the requester."""
@@ -102,26 +106,21 @@ class SecuredPipeline(RoutePipeline):
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
         route = self.route
-        with metrics.stage(route, "parse"):
-            try:
-                env = parse_envelope(body, route.response_limits)
-            except faults.Fault as fault:
-                raise faults.server(f"backend response refused: {fault.reason}", status=502) from None
+        env = self.parse_response(body)
         if env.is_fault() and not route.secure_faults:
             return Outcome(body=None)
-        verified = ex.security
-        assert isinstance(verified, wssecurity.Verified)
-        sign, encrypt = self._response_security(verified)
+        assert isinstance(ex.security, wssecurity.Verified)
+        sign, encrypt, tokens = self.response_security(ex.security)
         with metrics.stage(route, "secure"):
             wssecurity.secure(
-                env, datetime.now(UTC), timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt
-            )
+                env, datetime.now(UTC), timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt,
+                tokens=tokens,
+            )  # fmt: skip
         with metrics.stage(route, "serialize"):
             return Outcome(body=env.serialize())
 
-    def _response_security(
-        self, verified: wssecurity.Verified
-    ) -> tuple[wssecurity.SignWith | None, wssecurity.EncryptFor | None]:
+    def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
+        """How to secure the response to a request that established `verified`."""
         route = self.route
         algorithm = route.encryption.response_algorithm
         if route.profile != "hmac":
@@ -138,7 +137,7 @@ class SecuredPipeline(RoutePipeline):
                 if verified.signer_certificate is None:
                     raise faults.server("no requester certificate to encrypt the response for")
                 encrypt = wssecurity.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
-            return sign, encrypt
+            return sign, encrypt, ()
         secret, ref = verified.symmetric_key, verified.key_reference
         if secret is None or ref is None:
             raise faults.server("no request key to secure the response with")
@@ -152,7 +151,7 @@ class SecuredPipeline(RoutePipeline):
             encrypt = wssecurity.EncryptFor(
                 algorithm=_sized(algorithm, len(secret)), secret=secret, secret_key_info=key_info
             )
-        return sign, encrypt
+        return sign, encrypt, ()
 
 
 class SecureConversationPipeline(SecuredPipeline):
@@ -210,49 +209,26 @@ class SecureConversationPipeline(SecuredPipeline):
             reply = sc.envelope(
                 env.version, answer.response, action=rst.version.issue_reply_action, relates_to=relates_to
             )
-            sign, encrypt = super()._response_security(verified)
-            tokens: tuple[etree._Element, ...] = ()
+            sign, encrypt, tokens = self.response_security(verified)
         else:
             if verified.context is None:
                 raise faults.security("InvalidSecurity", "a Cancel request must be signed with the context's keys")
             rstr = sc.answer_cancel(rst, self.store, verified.context, now)
             reply = sc.envelope(env.version, rstr, action=rst.version.cancel_reply_action, relates_to=relates_to)
-            sign, encrypt, tokens = self._context_security(verified.context)
+            sign, encrypt, tokens = self.response_security(verified)
         with metrics.stage(route, "secure"):
             wssecurity.secure(
                 reply, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt, tokens=tokens
             )
         return Outcome(body=reply.serialize(), answer=True)
 
-    def response(self, body: bytes, ex: Exchange) -> Outcome:
-        route = self.route
-        with metrics.stage(route, "parse"):
-            try:
-                env = parse_envelope(body, route.response_limits)
-            except faults.Fault as fault:
-                raise faults.server(f"backend response refused: {fault.reason}", status=502) from None
-        if env.is_fault() and not route.secure_faults:
-            return Outcome(body=None)
-        verified = ex.security
-        assert isinstance(verified, wssecurity.Verified) and verified.context is not None
-        sign, encrypt, tokens = self._context_security(verified.context)
-        with metrics.stage(route, "secure"):
-            wssecurity.secure(
-                env, datetime.now(UTC), timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt,
-                tokens=tokens,
-            )  # fmt: skip
-        with metrics.stage(route, "serialize"):
-            return Outcome(body=env.serialize())
-
-    def _context_security(
-        self, ctx: sc.Context
-    ) -> tuple[wssecurity.SignWith, wssecurity.EncryptFor | None, tuple[etree._Element, ...]]:
-        return context_security(ctx, self.route, encrypt=self.route.encryption.encrypt_response)
+    def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
+        if verified.context is None:  # the reply to an Issue request: as on an `rsa` route
+            return super().response_security(verified)
+        return context_security(verified.context, self.route, encrypt=self.route.encryption.encrypt_response)
 
 
-def context_security(
-    ctx: sc.Context, route: Route, *, encrypt: bool
-) -> tuple[wssecurity.SignWith, wssecurity.EncryptFor | None, tuple[etree._Element, ...]]:
+def context_security(ctx: sc.Context, route: Route, *, encrypt: bool) -> ResponseSecurity:
     """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this."""
     keys_ = sc.message_keys(ctx)
     dk = ctx.version.dk_token_type

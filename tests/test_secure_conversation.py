@@ -25,7 +25,7 @@ from filters import secure_conversation as sc
 from filters.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
 from filters.threat_protection import parse_envelope
 from gateway.policy import Limits, SecureConversationOptions
-from tests.harness import free_ports, start_redis, stop
+from tests.harness import free_ports
 
 NOW = datetime.now(UTC)
 SUBJECT = "CN=Demo Client,O=WSGate Demo"
@@ -76,16 +76,6 @@ def master_keys(tmp_path: Path) -> Path:
 
 def sealed(master_keys: Path, lifetime_s: int = LIFETIME, max_revocations: int = 1000) -> sc.SealedContextStore:
     return sc.SealedContextStore(sc.load_master_keys(master_keys), lifetime_s, sc.MemoryRevocations(max_revocations))
-
-
-# --- redis-server (the pattern of tests/test_replay.py)
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
-    yield url
-    stop(proc)
 
 
 @pytest.fixture

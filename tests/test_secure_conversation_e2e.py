@@ -4,7 +4,6 @@ contexts shared between gateway processes; refusals."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,15 +15,13 @@ from filters import secure_conversation as sc
 from filters.threat_protection import parse_envelope
 from gateway.client import Client, ClientConfig, ClientError, http_post
 from gateway.policy import Route
-from tests.harness import running_gateway, start_redis, stop
+from tests.harness import running_gateway
 from tests.wss_helpers import DEMO, echo, route_doc
 
 
 @pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
-    yield url
-    stop(proc)
+def redis_url(redis_server: str) -> str:
+    return redis_server
 
 
 def sc_route(pki: Path, name: str, store: str, redis_url: str | None = None, **extra: object) -> dict:
