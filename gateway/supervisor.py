@@ -56,6 +56,32 @@ class Options:
         )
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (held open together while chosen, so they differ)."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def free_consecutive_ports(count: int) -> int:
+    """The first of `count` consecutive free loopback ports (filter workers listen on consecutive ports)."""
+    base = free_ports(1)[0]
+    while True:
+        try:
+            for p in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            base += count + 1
+
+
 def _wait_tcp(host: str, port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

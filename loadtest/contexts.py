@@ -14,17 +14,20 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 import yaml
 
 from certs import pki
-from gateway.client import Client, ClientConfig, http_post
+from gateway.client import Client, ClientConfig, Post, http_post
 from gateway.policy import Route
 from gateway.supervisor import REDIS_URL_ENV
 from loadtest.bench import bench_gateway
 
+T = TypeVar("T")
 ECHO = (
     b'<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Body>'
     b'<d:echo xmlns:d="urn:wsgate:demo"><d:text>context benchmark</d:text></d:echo></soap:Body></soap:Envelope>'
@@ -52,7 +55,7 @@ def _rss_kib(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
-def _timed(fn, *args):  # noqa: ANN001, ANN202
+def _timed(fn: Callable[..., T], *args: object) -> tuple[T, float]:
     start = time.perf_counter()
     result = fn(*args)
     return result, (time.perf_counter() - start) * 1000
@@ -80,7 +83,7 @@ def run(store: str, contexts: int, every: int, certs: Path, run_dir: Path, side_
             _, est_ms = _timed(client.establish, post_sc)
             if n % every == 0 or n == 1:
                 secured, pending = client.secure(ECHO)
-                _, msg_ms = _timed(lambda: client.open(post_sc(secured, pending.content_type), pending))
+                _, msg_ms = _timed(lambda s=secured, p=pending: client.open(post_sc(s, p.content_type), p))
                 rss, peak = _rss_kib(worker)
                 line = f"{n:>9} {est_ms:>13.2f} {msg_ms:>11.2f} {rss / 1024:>15.1f} {peak / 1024:>9.1f}"
                 if rdb:
@@ -91,7 +94,7 @@ def run(store: str, contexts: int, every: int, certs: Path, run_dir: Path, side_
         _side_by_side(client, route["rsa"], certs, base, post_sc, side_by_side)
 
 
-def _side_by_side(sc_client: Client, rsa_route: Route, certs: Path, base: str, post_sc, n: int) -> None:  # noqa: ANN001
+def _side_by_side(sc_client: Client, rsa_route: Route, certs: Path, base: str, post_sc: Post, n: int) -> None:
     """Round-trip time of one message: in an established context vs. signed with RSA, same message, same gateway."""
     rsa_client = Client(rsa_route, ClientConfig(certs=certs))
     post_rsa = http_post(f"{base}/rsa/demo")

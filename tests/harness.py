@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,19 +12,7 @@ from pathlib import Path
 import redis
 import yaml
 
-from gateway.supervisor import Gateway, Options
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+from gateway.supervisor import Gateway, Options, free_consecutive_ports, free_ports
 
 
 def write_policies(directory: Path, routes: list[dict]) -> Path:
@@ -39,7 +26,7 @@ def running_gateway(
     tmp: Path, routes: list[dict], pki: Path, workers: int = 1, backend: bool = True, metrics: bool = False
 ) -> Iterator[Gateway]:
     """`routes` may use the placeholder BACKEND for the demo backend's address."""
-    http, https, admin, filt, back, metrics_port = free_ports(6)
+    http, https, admin, back, metrics_port = free_ports(5)
     backend_addr = f"127.0.0.1:{back}"
     routes = yaml.safe_load(yaml.safe_dump(routes).replace("BACKEND", backend_addr))
     opts = Options(
@@ -50,21 +37,10 @@ def running_gateway(
         http_port=http,
         https_port=https,
         admin_port=admin,
-        filter_port=filt if workers == 1 else free_ports(1)[0],
+        filter_port=free_consecutive_ports(workers),
         metrics_port=metrics_port if metrics else None,
         backend=backend_addr if backend else None,
     )
-    if workers > 1:  # consecutive ports for the workers
-        base = opts.filter_port
-        while True:
-            try:
-                for p in range(base, base + workers):
-                    with socket.socket() as s:
-                        s.bind(("127.0.0.1", p))
-                break
-            except OSError:
-                base += workers + 1
-        opts.filter_port = base
     with Gateway(opts) as gw:
         gw.backend_addr = backend_addr  # type: ignore[attr-defined]
         yield gw

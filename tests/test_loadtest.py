@@ -1,0 +1,117 @@
+"""The load-test machinery works end to end (never how fast: no timed assertions).
+
+- loadtest/bench.py: one profile at one size for about a second prints its tables and writes bench.csv/.png;
+- loadtest/locustfile.py: every user class, run headless against a real gateway, has its messages accepted and
+  its replies verified; the message factory's check refuses a replay and a wrong reply."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from loadtest import bench
+from loadtest.messages import PROFILES, CheckFailed, Factory
+from tests.harness import running_gateway
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_POLICIES = REPO / "loadtest" / "policies" / "bench.yaml"
+LOCUST = Path(sys.executable).with_name("locust")
+
+
+def bench_routes(pki: Path) -> list[dict]:
+    """loadtest/policies/bench.yaml for the harness: BACKEND placeholder, the session's PKI."""
+    text = BENCH_POLICIES.read_text().replace("${WSGATE_BENCH_CERTS:-certs/out}", str(pki))
+    routes = yaml.safe_load(text)["routes"]
+    for r in routes:
+        r["upstream"]["address"] = "BACKEND"
+    return routes
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="Debian's wrk is not installed (.ci/run installs it)")
+def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
+    out = io.StringIO()
+    points = bench.run_bench(
+        profiles=["hmac"], sizes=["small"], duration=1, paced_duration=1, rate=20, workers=2,
+        out=tmp_path / "out", certs=pki, log=out,
+    )  # fmt: skip
+    text = out.getvalue()
+    assert len(points) == 1
+    p = points[0]
+    assert p.requests > 0 and p.rps > 0
+    assert p.errors == 0 and p.paced_errors == 0, text
+    assert p.verified > 0 and p.verify_failures == 0, text
+    assert p.filter_cpu_us > 0 and p.envoy_cpu_us > 0
+    assert p.stages_ms.get("security_header", 0) > 0  # the workers' Prometheus histograms were read
+    for heading in ("Throughput at saturation", "Latency at a fixed moderate rate", "Gateway CPU per request",
+                    "Where the filter's time goes", "Targets"):  # fmt: skip
+        assert heading in text
+    assert "hmac throughput, 1 KB" in text
+    rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
+    assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
+    assert float(rows[0]["rps"]) > 0 and float(rows[0]["gateway_cpu_us"]) > 0
+    assert (tmp_path / "out" / "bench.png").stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
+    with running_gateway(tmp_path_factory.mktemp("load"), bench_routes(pki), pki, workers=2) as g:
+        yield g
+
+
+def test_factory_messages_accepted_once(gw, pki: Path) -> None:
+    base = f"http://127.0.0.1:{gw.opts.http_port}"
+    for profile, size in [
+        ("rsa-encrypted", "large"),
+        ("hmac", "huge"),
+        ("xml", "large"),
+        ("secureconversation", "small"),
+    ]:
+        factory = Factory(profile, gw.opts.policies, certs=pki)
+        path = f"/{PROFILES[profile].route}/demo"
+        if factory.needs_context:
+            factory.establish(base + path)
+        message = factory.make(size)
+        resp = requests.post(base + path, data=message.body, headers={"content-type": factory.content_type}, timeout=30)
+        factory.check(resp.status_code, resp.content, message)
+        if PROFILES[profile].secured:  # the same message again is a replay: refused, and the check says so
+            again = requests.post(base + path, data=message.body, headers={"content-type": factory.content_type},
+                                  timeout=30)  # fmt: skip
+            with pytest.raises(CheckFailed, match="HTTP 500"):
+                factory.check(again.status_code, again.content, message)
+        if size != "huge":  # an echo to another request is not this one's answer
+            with pytest.raises(CheckFailed, match="echo differs"):
+                factory.check(resp.status_code, resp.content, factory.make(size))
+
+
+def test_locust_every_user_class(gw, pki: Path, tmp_path: Path) -> None:
+    o = gw.opts
+    env = {
+        **os.environ,
+        "WSGATE_POLICIES": str(o.policies),
+        "WSGATE_CERTS": str(pki),
+        "LOAD_TLS_URL": f"https://127.0.0.1:{o.https_port}",
+        "LOAD_SIZE": "small",
+        "LOAD_POOL": "20",
+        "LOAD_USER_RPS": "20",
+    }
+    users = str(len(PROFILES))  # one user per class
+    argv = [str(LOCUST), "-f", str(REPO / "loadtest" / "locustfile.py"), "--headless", "--host",
+            f"http://127.0.0.1:{o.http_port}", "-u", users, "-r", users, "-t", "3s", "--csv", str(tmp_path / "l"),
+            "--only-summary"]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stats = {r["Name"]: r for r in csv.DictReader((tmp_path / "l_stats.csv").open())}
+    for profile in PROFILES:
+        row = stats.get(f"{profile} small")
+        assert row is not None, f"no requests for {profile}: {sorted(stats)}\n{proc.stderr[-3000:]}"
+        assert int(row["Request Count"]) > 0
+        assert int(row["Failure Count"]) == 0, (tmp_path / "l_failures.csv").read_text()
