@@ -176,11 +176,15 @@ class Gateway:
             o.workers = 1
             self.render()
             return
-        sock = (o.run_dir / "redis.sock").resolve()
+        self._spawn_redis(redis_bin)
+
+    def _spawn_redis(self, redis_bin: str) -> None:
+        sock = (self.opts.run_dir / "redis.sock").resolve()
         sock.unlink(missing_ok=True)
         self.redis = self._spawn("redis", [
             redis_bin, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--save", "",
-            "--appendonly", "no", "--maxmemory", "512mb", "--maxmemory-policy", "volatile-ttl"])  # fmt: skip
+            "--appendonly", "no", "--maxmemory", "512mb", "--maxmemory-policy", "noeviction"])  # fmt: skip
+        # noeviction: a full store refuses writes (requests fail closed) rather than forget a replay entry.
         deadline = time.monotonic() + 10
         while not sock.exists():
             if self.redis.poll() is not None or time.monotonic() > deadline:
@@ -246,6 +250,10 @@ class Gateway:
         return True
 
     def supervise_once(self) -> None:
+        if self.redis is not None and self.redis.poll() is not None:
+            # Workers fail closed while it is gone (replay checks refuse); a new one brings them back.
+            log.error("redis-server exited (status %s); restarting it", self.redis.returncode)
+            self._spawn_redis(self.redis.args[0])
         for i, w in enumerate(self.workers):
             if w.poll() is not None:
                 log.error("filter worker %d exited (status %s); restarting it", i, w.returncode)

@@ -180,3 +180,19 @@ def test_wsgate_client_cli(gw, pki: Path, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert "<d:text>from the cli</d:text>" in run.stdout
     assert "Security" not in run.stdout
+
+
+def test_shared_store_down_fails_closed_and_recovers(tmp_path: Path, pki: Path) -> None:
+    routes = [route_doc(pki, "hmac", name="hmac", replay={"store": "auto"})]
+    with running_gateway(tmp_path, routes, pki, workers=2) as g:
+        client = Client(route_of(g, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
+        assert send(g, "hmac", client.secure(echo())[0]).status_code == 200
+        assert g.redis is not None
+        g.redis.kill()
+        g.redis.wait()
+        clear(g)
+        resp = send(g, "hmac", client.secure(echo())[0])
+        assert resp.status_code == 500  # no replay check possible: refused, never passed on unchecked
+        assert received(g) == []
+        g.supervise_once()  # the supervisor brings Redis back
+        assert send(g, "hmac", client.secure(echo())[0]).status_code == 200
