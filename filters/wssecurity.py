@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -459,7 +460,29 @@ class Secured:
 
 
 def new_id(prefix: str) -> str:
+    """A globally unique id, for tokens nothing registers as an XML ID (BinarySecurityToken, EncryptedKey)."""
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class _MessageIds:
+    """Ids unique within one message, from counters. Signed parts' ids are registered with libxml2, which interns
+    every registered id in a per-thread dictionary that is never freed: random ids would grow the process
+    forever, so the set of id strings it signs with must stay small."""
+
+    def __init__(self, env: Envelope, unique: bool) -> None:
+        self.taken = set(signature.id_index(env.root))
+        self.counter = itertools.count(1)
+        # A client's requests must differ even when their content and millisecond do (the gateway refuses a
+        # signature value it has seen): there, ids are random.
+        self.unique = unique
+
+    def __call__(self, prefix: str) -> str:
+        if self.unique:
+            return new_id(prefix)
+        while (value := f"{prefix}-{next(self.counter)}") in self.taken:
+            pass
+        self.taken.add(value)
+        return value
 
 
 def secure(
@@ -473,25 +496,28 @@ def secure(
     user: tuple[str, str, bool] | None = None,
     symmetric_binding: tuple[bytes, x509.Certificate, str] | None = None,
     tokens: tuple[etree._Element, ...] = (),
+    unique_ids: bool = False,
 ) -> Secured:
     """Add a Security header to `env` as the arguments say (WSS4J's "Timestamp UsernameToken Signature Encrypt").
 
     `symmetric_binding` = (secret, recipient certificate, transport): the client side of the WS-SecurityPolicy
     symmetric binding; the secret travels in an EncryptedKey that the signature and encryption refer to.
-    `tokens` (a SecurityContextToken, DerivedKeyTokens) go first, in order: what follows refers to them."""
+    `tokens` (a SecurityContextToken, DerivedKeyTokens) go first, in order: what follows refers to them.
+    `unique_ids`: random ids (clients); otherwise per-message counters (the gateway: see _MessageIds)."""
     header = env.ensure_header()
     security = etree.Element(SECURITY, nsmap={"wsse": ns.WSSE, "wsu": ns.WSU})
     security.set(ns.q(env.soap_ns, "mustUnderstand"), "true" if env.version == "1.2" else "1")
     header.insert(0, security)
     result = Secured()
+    ids = _MessageIds(env, unique_ids)
     to_sign: list[etree._Element] = []
     if timestamp_ttl_s is not None:
-        ts = timestamp.create(timestamp_ttl_s, now, new_id("TS"))
+        ts = timestamp.create(timestamp_ttl_s, now, ids("TS"))
         security.insert(0, ts)
         if "timestamp" in sign_parts:
             to_sign.append(ts)
     if user is not None:
-        ut = username_token.create(user[0], user[1], user[2], now, new_id("UsernameToken"))
+        ut = username_token.create(user[0], user[1], user[2], now, ids("UsernameToken"))
         security.insert(0, ut)
         if "username_token" in sign_parts:
             to_sign.append(ut)
@@ -511,7 +537,7 @@ def secure(
         to_sign.insert(0, env.body)
         if "addressing" in sign_parts and env.header is not None:
             to_sign.extend(h for h in env.header if isinstance(h.tag, str) and h.tag.startswith("{" + ns.WSA + "}"))
-        _ensure_wsu_ids(env, to_sign)
+        _ensure_wsu_ids(to_sign, ids)
         key_info = sign.key_info or binding_ref
         if key_info is None:
             raise ValueError("a signature needs a key reference")
@@ -530,10 +556,10 @@ def secure(
     return result
 
 
-def _ensure_wsu_ids(env: Envelope, elements: list[etree._Element]) -> None:
+def _ensure_wsu_ids(elements: list[etree._Element], ids: _MessageIds) -> None:
     for el in elements:
         if el.get(WSU_ID) is None and el.get("Id") is None:
-            el.set(WSU_ID, new_id("id"))
+            el.set(WSU_ID, ids("id"))
 
 
 def _bst_id(sig: etree._Element) -> str:

@@ -143,7 +143,7 @@ class Client:
             if self.encrypts:
                 encrypt = wssecurity.EncryptFor(algorithm, certificate=self._gateway_cert(), transport=transport)
             wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
-                              encrypt=encrypt, user=user)  # fmt: skip
+                              encrypt=encrypt, user=user, unique_ids=True)  # fmt: skip
             return env.serialize(), pending
         if cfg.key_name:
             secret = self.psk.get(cfg.key_name)
@@ -157,7 +157,7 @@ class Client:
             if self.encrypts:
                 encrypt = wssecurity.EncryptFor(algorithm, secret=secret, secret_key_info=lambda: keys.key_name(name))
             wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
-                              encrypt=encrypt, user=user)  # fmt: skip
+                              encrypt=encrypt, user=user, unique_ids=True)  # fmt: skip
             pending.secret = secret
             return env.serialize(), pending
         # The symmetric binding: a fresh key, sent encrypted to the gateway, signs and encrypts.
@@ -166,7 +166,7 @@ class Client:
         encrypt = wssecurity.EncryptFor(algorithm, secret=secret) if self.encrypts else None
         got = wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
                                 encrypt=encrypt, user=user,
-                                symmetric_binding=(secret, self._gateway_cert(), transport))  # fmt: skip
+                                symmetric_binding=(secret, self._gateway_cert(), transport), unique_ids=True)  # fmt: skip
         pending.secret, pending.encrypted_key_sha1 = secret, got.encrypted_key_sha1
         return env.serialize(), pending
 
@@ -175,7 +175,7 @@ class Client:
         sign, encrypt, tokens = context_security(self.context, self.route, encrypt=self.encrypts)
         wssecurity.secure(env, now, timestamp_ttl_s=self.cfg.timestamp_ttl_s, sign=sign,
                           sign_parts=tuple(p for p in self.route.signature.parts if p != "username_token"),
-                          encrypt=encrypt, tokens=tokens)  # fmt: skip
+                          encrypt=encrypt, tokens=tokens, unique_ids=True)  # fmt: skip
         return env.serialize()
 
     # -- WS-SecureConversation ---------------------------------------------------------------------------
