@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -176,7 +177,7 @@ def max_message_bytes(state: State) -> int:
     return max([*limits, 4 * 1024 * 1024]) + 64 * 1024
 
 
-async def serve(policies_dir: Path, listen: str, metrics_port: int | None) -> None:
+async def serve(policies_dir: Path, listen: str, metrics_port: int | None, ready_file: Path | None = None) -> None:
     state = State(policies_dir)
     server = grpc.aio.server(options=grpc_options(max_message_bytes(state)))
     pb_grpc.add_ExternalProcessorServicer_to_server(Processor(state), server)
@@ -193,6 +194,8 @@ async def serve(policies_dir: Path, listen: str, metrics_port: int | None) -> No
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("filter worker listening on %s", listen)
+    if ready_file is not None:
+        ready_file.write_text(str(os.getpid()))
     await stop.wait()
     await server.stop(grace=5)  # finish in-flight exchanges
 
@@ -203,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", default="127.0.0.1:9100")
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--ready-file", type=Path, help="written once the worker accepts exchanges")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     check_libxml2()
     import uvloop  # measured: about 13% less CPU per exchange than the default loop
 
-    uvloop.run(serve(args.policies, args.listen, args.metrics_port))
+    uvloop.run(serve(args.policies, args.listen, args.metrics_port, args.ready_file))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         policies=args.policies, certs=args.certs, run_dir=args.run_dir, workers=args.workers, bind=args.bind,
         http_port=args.http_port, https_port=args.https_port, admin_port=args.admin_port,
         backend=None if args.no_backend else args.backend, log_level=args.log_level,
+        worker_max_rss_mb=args.worker_max_rss_mb,
     )  # fmt: skip
     gw = Gateway(opts)
     try:
@@ -69,7 +70,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         envoy_config.write(files, args.out)
         print(f"wrote {', '.join(sorted(files))} to {args.out}", file=sys.stderr)
     else:
-        for name in ("envoy.yaml", "lds.yaml", "cds.yaml"):
+        for name in files:
             sys.stdout.write(f"# ---- {name}\n{files[name]}")
     return 0
 
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--backend", default="127.0.0.1:8081", help="where the demo backend listens")
     up.add_argument("--no-backend", action="store_true", help="do not start the demo backend")
     up.add_argument("--log-level", default="warning")
+    up.add_argument("--worker-max-rss-mb", type=int, default=512, help="replace a filter worker grown past this")
     up.set_defaults(func=cmd_up)
 
     check = sub.add_parser("check", help="validate policy files")

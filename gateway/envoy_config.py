@@ -319,9 +319,27 @@ def _cluster(name: str, endpoints: list[str], dns: bool) -> dict[str, Any]:
     }
 
 
+def _filter_endpoints(topo: Topology) -> dict[str, Any]:
+    return {
+        "cluster_name": FILTER_CLUSTER,
+        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(e)}} for e in topo.filter_endpoints]}],
+    }
+
+
 def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
     buffer_limit = _max_body(policies) + 65536
-    filt = _cluster(FILTER_CLUSTER, list(topo.filter_endpoints), topo.filter_dns)
+    if topo.filter_dns:
+        filt = _cluster(FILTER_CLUSTER, list(topo.filter_endpoints), dns=True)
+    else:
+        # Locally the workers come from eds.yaml: replacing a worker changes only the endpoints, and Envoy drains
+        # the old one's exchanges (a new cluster definition would reset them).
+        filt = {
+            "name": FILTER_CLUSTER,
+            "type": "EDS",
+            "connect_timeout": "1s",
+            "lb_policy": "LEAST_REQUEST",
+            "eds_cluster_config": {"eds_config": _file_source(topo, "eds.yaml")},
+        }
     filt["per_connection_buffer_limit_bytes"] = buffer_limit
     # ext_proc is gRPC: the cluster must speak HTTP/2 or every exchange fails.
     filt["typed_extension_protocol_options"] = {
@@ -353,17 +371,19 @@ def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
     return clusters
 
 
-def bootstrap(topo: Topology) -> dict[str, Any]:
+def _file_source(topo: Topology, name: str) -> dict[str, Any]:
     cfg = topo.config_dir
+    return {
+        "path_config_source": {"path": f"{cfg}/{name}", "watched_directory": {"path": cfg}},
+        "resource_api_version": "V3",
+    }
+
+
+def bootstrap(topo: Topology) -> dict[str, Any]:
     return {
         "node": {"id": "wsgate", "cluster": "wsgate"},
         "admin": {"address": _address(f"127.0.0.1:{topo.admin_port}" if topo.bind == "127.0.0.1" else f"0.0.0.0:{topo.admin_port}")},
-        "dynamic_resources": {
-            "lds_config": {"path_config_source": {"path": f"{cfg}/lds.yaml", "watched_directory": {"path": cfg}},
-                           "resource_api_version": "V3"},
-            "cds_config": {"path_config_source": {"path": f"{cfg}/cds.yaml", "watched_directory": {"path": cfg}},
-                           "resource_api_version": "V3"},
-        },
+        "dynamic_resources": {"lds_config": _file_source(topo, "lds.yaml"), "cds_config": _file_source(topo, "cds.yaml")},
         "overload_manager": {"resource_monitors": [{
             "name": "envoy.resource_monitors.global_downstream_max_connections",
             "typed_config": {
@@ -373,7 +393,7 @@ def bootstrap(topo: Topology) -> dict[str, Any]:
 
 
 def render(policies: PolicySet, topo: Topology) -> dict[str, str]:
-    """The three files Envoy reads: envoy.yaml (bootstrap), lds.yaml and cds.yaml."""
+    """The files Envoy reads: envoy.yaml (bootstrap), lds.yaml, cds.yaml and, locally, eds.yaml (the workers)."""
     lds = {
         "resources": [
             {"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **lis}
@@ -382,7 +402,12 @@ def render(policies: PolicySet, topo: Topology) -> dict[str, str]:
     }
     cds = {"resources": [{"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", **c}
                          for c in _clusters(policies, topo)]}  # fmt: skip
-    return {"envoy.yaml": _dump(bootstrap(topo)), "lds.yaml": _dump(lds), "cds.yaml": _dump(cds)}
+    files = {"envoy.yaml": _dump(bootstrap(topo)), "lds.yaml": _dump(lds), "cds.yaml": _dump(cds)}
+    if not topo.filter_dns:
+        eds = {"resources": [{"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+                              **_filter_endpoints(topo)}]}  # fmt: skip
+        files["eds.yaml"] = _dump(eds)
+    return files
 
 
 def _dump(doc: dict[str, Any]) -> str:
@@ -392,7 +417,8 @@ def _dump(doc: dict[str, Any]) -> str:
 def write(files: dict[str, str], directory: Path) -> None:
     """Write atomically (rename), bootstrap first, so Envoy's directory watch never reads a half file."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("envoy.yaml", "cds.yaml", "lds.yaml"):  # clusters before the listeners that use them
+    # Endpoints before the clusters that use them, clusters before the listeners that use them.
+    for name in (n for n in ("envoy.yaml", "eds.yaml", "cds.yaml", "lds.yaml") if n in files):
         tmp = directory / f".{name}.tmp"
         tmp.write_text(files[name])
         os.replace(tmp, directory / name)

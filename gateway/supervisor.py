@@ -38,15 +38,39 @@ class Options:
     http_port: int = 8080
     https_port: int = 8443
     admin_port: int = 9901
-    filter_port: int = 9100  # workers listen on filter_port, filter_port + 1, ...
-    metrics_port: int | None = 9200  # worker i exports metrics on metrics_port + i
+    # Worker i listens on filter_port + i, or on filter_port + workers + i while it replaces its predecessor.
+    filter_port: int = 9100
+    metrics_port: int | None = 9200  # worker i exports metrics on metrics_port + i (+ workers while replacing)
     backend: str | None = "127.0.0.1:8081"  # None: do not start the demo backend
     envoy_concurrency: int = 1  # measured: on 2 cores one Envoy thread keeps throughput and cuts p99
+    # A worker over this resident size is replaced (new one first, then the old one drains). libxml2 keeps every
+    # id a worker ever registered for signature checks in a dictionary it never frees: clients choose the ids,
+    # so only replacing the process bounds that memory.
+    worker_max_rss_mb: int = 512
     log_level: str = "warning"
 
-    def topology(self) -> envoy_config.Topology:
+    @classmethod
+    def on_free_ports(cls, workers: int, **fields: object) -> Options:
+        """Options whose every port is free on loopback and distinct (tests, benchmarks, side-by-side runs)."""
+        span = 2 * workers  # a port pair per worker, for replacing it
+        filter_base = free_consecutive_ports(span)
+        metrics = free_consecutive_ports(span)
+        while abs(metrics - filter_base) < span:
+            metrics = free_consecutive_ports(span)
+        taken = set(range(filter_base, filter_base + span)) | set(range(metrics, metrics + span))
+        while taken & set(singles := free_ports(4)):
+            pass
+        http, https, admin, backend = singles
+        defaults: dict[str, object] = {
+            "workers": workers, "http_port": http, "https_port": https, "admin_port": admin,
+            "filter_port": filter_base, "metrics_port": metrics, "backend": f"127.0.0.1:{backend}",
+        }  # fmt: skip
+        return cls(**{**defaults, **fields})  # type: ignore[arg-type]
+
+    def topology(self, worker_ports: list[int] | None = None) -> envoy_config.Topology:
+        ports = worker_ports or [self.filter_port + i for i in range(self.workers)]
         return envoy_config.Topology(
-            filter_endpoints=tuple(f"127.0.0.1:{self.filter_port + i}" for i in range(self.workers)),
+            filter_endpoints=tuple(f"127.0.0.1:{p}" for p in ports),
             bind=self.bind,
             http_port=self.http_port,
             https_port=self.https_port,
@@ -95,6 +119,16 @@ def _wait_tcp(host: str, port: int, proc: subprocess.Popen[bytes], what: str, ti
     raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")
 
 
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def _policy_signature(directory: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(
         (p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(directory.glob("*.y*ml")) if p.is_file()
@@ -108,6 +142,8 @@ class Gateway:
         self.envoy: subprocess.Popen[bytes] | None = None
         self.backend: subprocess.Popen[bytes] | None = None
         self.redis: subprocess.Popen[bytes] | None = None
+        self.retiring: list[subprocess.Popen[bytes]] = []  # recycled workers finishing their exchanges
+        self.worker_ports: list[int] = []
         self.env = dict(os.environ)
         self.policies: PolicySet | None = None
         self._signature: tuple[tuple[str, int, int], ...] = ()
@@ -119,17 +155,53 @@ class Gateway:
         out = open(self.logs / f"{name}.log", "ab")
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
 
-    def _spawn_worker(self, i: int) -> subprocess.Popen[bytes]:
+    def _spawn_worker(self, i: int, port: int, timeout: float = 30) -> subprocess.Popen[bytes]:
+        """Start worker i on `port` and return once it accepts exchanges."""
         o = self.opts
+        ready = (o.run_dir / f"filter-{i}.ready").resolve()
+        ready.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "filters.server", "--policies", str(o.policies),
-                "--listen", f"127.0.0.1:{o.filter_port + i}", "--log-level", o.log_level.upper()]  # fmt: skip
-        if o.metrics_port:
-            argv += ["--metrics-port", str(o.metrics_port + i)]
-        return self._spawn(f"filter-{i}", argv)
+                "--listen", f"127.0.0.1:{port}", "--log-level", o.log_level.upper(),
+                "--ready-file", str(ready)]  # fmt: skip
+        if o.metrics_port:  # metrics ports pair up like the workers' ports
+            argv += ["--metrics-port", str(o.metrics_port + port - o.filter_port)]
+        proc = self._spawn(f"filter-{i}", argv)
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"filter worker {i} did not start; see {self.logs}/filter-{i}.log")
+            time.sleep(0.02)
+        return proc
+
+    def _recycle_worker(self, i: int) -> None:
+        """Replace worker i without dropping an exchange: the new one starts on the other port of its pair,
+        Envoy's cluster is rewritten to it (in-flight exchanges finish on the old one, new ones go to the new),
+        and once Envoy no longer lists the old endpoint, the old worker drains and stops."""
+        o = self.opts
+        old, old_port = self.workers[i], self.worker_ports[i]
+        pair = (o.filter_port + i, o.filter_port + o.workers + i)
+        new_port = pair[1] if old_port == pair[0] else pair[0]
+        self.workers[i] = self._spawn_worker(i, new_port)
+        self.worker_ports[i] = new_port
+        self.render()
+        self._wait_endpoint_gone(old_port)
+        old.terminate()
+        self.retiring.append(old)
+
+    def _wait_endpoint_gone(self, port: int, timeout: float = 10) -> None:
+        url = f"http://127.0.0.1:{self.opts.admin_port}/clusters"
+        needle = f"{envoy_config.FILTER_CLUSTER}::127.0.0.1:{port}::"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if needle not in r.read().decode():
+                    return
+            time.sleep(0.05)
+        log.warning("envoy still lists filter endpoint %d after %.0fs; stopping that worker anyway", port, timeout)
 
     def render(self) -> None:
         assert self.policies is not None
-        files = envoy_config.render(self.policies, self.opts.topology())
+        files = envoy_config.render(self.policies, self.opts.topology(self.worker_ports))
         envoy_config.write(files, self.opts.run_dir / "envoy")
 
     def start(self) -> None:
@@ -144,9 +216,8 @@ class Gateway:
             self.backend = self._spawn("backend", [sys.executable, "-m", "gateway.demo_backend", "--listen", o.backend])
             host, port = o.backend.rsplit(":", 1)
             _wait_tcp(host, int(port), self.backend, "demo backend")
-        self.workers = [self._spawn_worker(i) for i in range(o.workers)]
-        for i, w in enumerate(self.workers):
-            _wait_tcp("127.0.0.1", o.filter_port + i, w, f"filter worker {i}")
+        self.worker_ports = [o.filter_port + i for i in range(o.workers)]
+        self.workers = [self._spawn_worker(i, p) for i, p in enumerate(self.worker_ports)]
         envoy_bin = str(Path(sys.executable).with_name("envoy"))
         self.envoy = self._spawn("envoy", [
             envoy_bin, "-c", str(o.run_dir / "envoy" / "envoy.yaml"), "--concurrency", str(o.envoy_concurrency),
@@ -220,6 +291,13 @@ class Gateway:
             time.sleep(0.05)
         raise RuntimeError(f"envoy not ready within {timeout:.0f}s; see {self.logs}/envoy.log")
 
+    def metrics_urls(self) -> list[str]:
+        """Each worker's Prometheus endpoint, where it is now (a replaced worker moves to the other port)."""
+        o = self.opts
+        if not o.metrics_port:
+            return []
+        return [f"http://127.0.0.1:{o.metrics_port + p - o.filter_port}/metrics" for p in self.worker_ports]
+
     def urls(self) -> dict[str, str]:
         o = self.opts
         return {
@@ -257,7 +335,11 @@ class Gateway:
         for i, w in enumerate(self.workers):
             if w.poll() is not None:
                 log.error("filter worker %d exited (status %s); restarting it", i, w.returncode)
-                self.workers[i] = self._spawn_worker(i)
+                self.workers[i] = self._spawn_worker(i, self.worker_ports[i])
+            elif _rss_mb(w.pid) > self.opts.worker_max_rss_mb:
+                log.warning("filter worker %d over %d MiB resident; replacing it", i, self.opts.worker_max_rss_mb)
+                self._recycle_worker(i)
+        self.retiring = [p for p in self.retiring if p.poll() is None]
         if self.envoy is not None and self.envoy.poll() is not None:
             raise RuntimeError(f"envoy exited with status {self.envoy.returncode}; see {self.logs}/envoy.log")
         self.reload_if_changed()
@@ -280,7 +362,8 @@ class Gateway:
 
     def stop(self) -> None:
         # Envoy first so no new request reaches a stopping worker; then the workers finish in-flight exchanges.
-        procs = [p for p in [self.envoy, *self.workers, self.backend, self.redis] if p is not None and p.poll() is None]
+        procs = [self.envoy, *self.workers, *self.retiring, self.backend, self.redis]
+        procs = [p for p in procs if p is not None and p.poll() is None]
         for p in procs:
             p.terminate()
         deadline = time.monotonic() + 10

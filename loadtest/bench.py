@@ -48,7 +48,7 @@ from typing import IO, Any
 from certs import pki
 from filters import secure_conversation as sc
 from gateway.policy import PolicySet, load_dir
-from gateway.supervisor import Gateway, Options, free_consecutive_ports, free_ports
+from gateway.supervisor import Gateway, Options
 from loadtest.messages import (
     ENCRYPTED_KEY,
     HMAC_KEY_NAME,
@@ -158,14 +158,8 @@ def _env(**values: str) -> Iterator[None]:
 def bench_gateway(policies: Path, certs: Path, run_dir: Path, workers: int) -> Iterator[Gateway]:
     """The gateway on free loopback ports, with the demo backend; BACKEND_ADDR and WSGATE_BENCH_CERTS set for
     the policies (and for the processes that generate messages from them)."""
-    http, https, admin, backend = free_ports(4)
-    backend_addr = f"127.0.0.1:{backend}"
-    with _env(BACKEND_ADDR=backend_addr, WSGATE_BENCH_CERTS=str(certs)):
-        opts = Options(
-            policies=policies, certs=certs, run_dir=run_dir, workers=workers, http_port=http, https_port=https,
-            admin_port=admin, filter_port=free_consecutive_ports(workers), metrics_port=free_consecutive_ports(workers),
-            backend=backend_addr,
-        )  # fmt: skip
+    opts = Options.on_free_ports(workers, policies=policies, certs=certs, run_dir=run_dir)
+    with _env(BACKEND_ADDR=opts.backend or "", WSGATE_BENCH_CERTS=str(certs)):
         with Gateway(opts) as gw:
             yield gw
 
@@ -234,9 +228,9 @@ def _worker_metrics(gw: Gateway) -> tuple[dict[tuple[str, str], float], dict[tup
     faults: dict[tuple[str, str], float] = collections.defaultdict(float)
     if not gw.opts.metrics_port:
         return stages, faults
-    for i in range(len(gw.workers)):
+    for url in gw.metrics_urls():
         try:
-            text = _get(f"http://127.0.0.1:{gw.opts.metrics_port + i}/metrics")
+            text = _get(url)
         except OSError:
             continue
         for family in text_string_to_metric_families(text):

@@ -12,7 +12,7 @@ from pathlib import Path
 import redis
 import yaml
 
-from gateway.supervisor import Gateway, Options, free_consecutive_ports, free_ports
+from gateway.supervisor import Gateway, Options, free_ports
 
 
 def write_policies(directory: Path, routes: list[dict]) -> Path:
@@ -23,24 +23,23 @@ def write_policies(directory: Path, routes: list[dict]) -> Path:
 
 @contextmanager
 def running_gateway(
-    tmp: Path, routes: list[dict], pki: Path, workers: int = 1, backend: bool = True, metrics: bool = False
+    tmp: Path,
+    routes: list[dict],
+    pki: Path,
+    workers: int = 1,
+    backend: bool = True,
+    metrics: bool = False,
+    **options: object,
 ) -> Iterator[Gateway]:
     """`routes` may use the placeholder BACKEND for the demo backend's address."""
-    http, https, admin, back, metrics_port = free_ports(5)
-    backend_addr = f"127.0.0.1:{back}"
+    opts = Options.on_free_ports(workers, policies=tmp / "policies", certs=pki, run_dir=tmp / "run", **options)
+    if not metrics:
+        opts.metrics_port = None
+    backend_addr = opts.backend or ""
     routes = yaml.safe_load(yaml.safe_dump(routes).replace("BACKEND", backend_addr))
-    opts = Options(
-        policies=write_policies(tmp / "policies", routes),
-        certs=pki,
-        run_dir=tmp / "run",
-        workers=workers,
-        http_port=http,
-        https_port=https,
-        admin_port=admin,
-        filter_port=free_consecutive_ports(workers),
-        metrics_port=metrics_port if metrics else None,
-        backend=backend_addr if backend else None,
-    )
+    write_policies(opts.policies, routes)
+    if not backend:
+        opts.backend = None
     with Gateway(opts) as gw:
         gw.backend_addr = backend_addr  # type: ignore[attr-defined]
         yield gw

@@ -262,3 +262,29 @@ def test_policy_change_applies_without_restart(tmp_path: Path, pki: Path) -> Non
         assert post(g, "/b/x", envelope(ECHO)).status_code == 200
         assert post(g, "/a/x", envelope(ECHO)).status_code == 404
         assert len(statuses) > 10 and set(statuses) == {200}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_recycling_drops_nothing(tmp_path: Path, pki: Path, workers: int) -> None:
+    """A worker grown past its memory limit is replaced under traffic: every request still succeeds."""
+    routes = [{"name": "xml", "match": {"path_prefix": "/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"}]
+    with running_gateway(tmp_path, routes, pki, workers=workers, worker_max_rss_mb=1) as g:
+        before = [w.pid for w in g.workers]
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            with requests.Session() as s:
+                while not stop.is_set():
+                    statuses.append(s.post(url(g, "/echo"), data=envelope(ECHO), timeout=10).status_code)
+
+        worker = threading.Thread(target=load)
+        worker.start()
+        for _ in range(3):
+            time.sleep(0.3)
+            g.supervise_once()  # every worker is over 1 MiB: each round replaces all of them
+        time.sleep(0.3)
+        stop.set()
+        worker.join()
+        assert not set(before) & {w.pid for w in g.workers}
+        assert len(statuses) > 20 and set(statuses) == {200}

@@ -116,8 +116,7 @@ def test_tampered_request_refused_and_counted(gw, pki: Path) -> None:
     assert fault_code(resp) == "FailedCheck"
     assert "The signature or decryption was invalid" in resp.text
     assert received(gw) == []
-    metrics = requests.get(f"http://127.0.0.1:{gw.opts.metrics_port}/metrics", timeout=5).text
-    metrics += requests.get(f"http://127.0.0.1:{gw.opts.metrics_port + 1}/metrics", timeout=5).text
+    metrics = "".join(requests.get(u, timeout=5).text for u in gw.metrics_urls())
     assert 'wsgate_faults_total{profile="rsa",reason="FailedCheck",route="rsa"}' in metrics
 
 
