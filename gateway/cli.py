@@ -10,7 +10,7 @@ from pathlib import Path
 
 from certs import pki
 from gateway import envoy_config
-from gateway.policy import PolicyError, load_dir
+from gateway.policy import PolicyError, PolicySet, load_dir
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -41,11 +41,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def _policies(directory: Path) -> PolicySet | None:
+    """The policy set, or None after printing why it is invalid."""
     try:
-        ps = load_dir(args.policies)
+        return load_dir(directory)
     except PolicyError as exc:
         print(exc, file=sys.stderr)
+        return None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    ps = _policies(args.policies)
+    if ps is None:
         return 1
     for r in ps.routes:
         print(f"ok  {r.name:24} {r.profile:18} {r.match.path_prefix} -> {r.upstream.address}  ({ps.sources[r.name]})")
@@ -53,10 +60,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    try:
-        ps = load_dir(args.policies)
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
+    ps = _policies(args.policies)
+    if ps is None:
         return 1
     if args.target == "compose":
         topo = envoy_config.compose_topology()
