@@ -1283,3 +1283,37 @@ def test_response_encrypted_for_a_128_bit_symmetric_binding_key(pki: Path) -> No
     assert_plain(t.backend)
     assert_secured_reply(t.reply, encrypted=True)
     assert_opened(t.opened)
+
+
+KEY_REFERENCES = {
+    "ski": lambda cert: keys.str_key_identifier(ns.X509_SKI, base64.b64encode(keys.ski(cert)).decode()),
+    "thumbprint": lambda cert: keys.str_key_identifier(
+        ns.THUMBPRINT_SHA1, base64.b64encode(keys.thumbprint_sha1(cert)).decode()
+    ),
+    "issuer_serial": keys.str_issuer_serial,
+}
+
+
+@pytest.mark.parametrize("form", sorted(KEY_REFERENCES))
+def test_signer_named_without_a_token(pki: Path, form: str) -> None:
+    """X.509 signers named by SKI, thumbprint or IssuerSerial: accepted when the route knows the certificate."""
+    cert = keys.load_certificate(pki / "client.pem")
+    signer = signature.Signer(keys.load_private_key(pki / "client.key"), "rsa-sha256", "sha256")
+    env = parse_envelope(echo("by reference"), Limits())
+    wssecurity.secure(
+        env,
+        datetime.now(UTC),
+        timestamp_ttl_s=300,
+        sign=wssecurity.SignWith(signer, lambda: KEY_REFERENCES[form](cert)),
+        unique_ids=True,
+    )
+    message = env.serialize()
+    assert b"BinarySecurityToken" not in message
+    known = make_route(pki, "rsa", rsa={"known_certificates": [str(pki / "client.pem")]})
+    out = SecuredPipeline(known).request(message, {}, Exchange(route=known))
+    assert out.body is not None and b"by reference" in out.body
+    assert out.set_headers["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
+    unknown = make_route(pki, "rsa")
+    with pytest.raises(faults.Fault) as err:
+        SecuredPipeline(unknown).request(message, {}, Exchange(route=unknown))
+    assert err.value.code == "SecurityTokenUnavailable"
