@@ -217,7 +217,8 @@ class Gateway:
             host, port = o.backend.rsplit(":", 1)
             _wait_tcp(host, int(port), self.backend, "demo backend")
         self.worker_ports = [o.filter_port + i for i in range(o.workers)]
-        self.workers = [self._spawn_worker(i, p) for i, p in enumerate(self.worker_ports)]
+        for i, port in enumerate(self.worker_ports):
+            self.workers.append(self._spawn_worker(i, port))  # one by one: a failed start still stops the others
         envoy_bin = str(Path(sys.executable).with_name("envoy"))
         self.envoy = self._spawn("envoy", [
             envoy_bin, "-c", str(o.run_dir / "envoy" / "envoy.yaml"), "--concurrency", str(o.envoy_concurrency),
