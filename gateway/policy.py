@@ -114,14 +114,12 @@ class RsaOptions(Strict):
     key: str = "certs/out/gateway-sign.key"  # signs responses
     certificate: str = "certs/out/gateway-sign.pem"
     decryption_key: str = "certs/out/gateway-enc.key"  # decrypts requests encrypted to us
-    decryption_certificate: str = "certs/out/gateway-enc.pem"
 
 
 class HmacOptions(Strict):
     keys_file: str | None = "certs/out/hmac-keys.yaml"  # pre-shared keys by name
     allow_encrypted_key: bool = True  # the symmetric binding: a key sent in an EncryptedKey to us
     decryption_key: str = "certs/out/gateway-enc.key"
-    decryption_certificate: str = "certs/out/gateway-enc.pem"
     sign_response: bool = True
 
 

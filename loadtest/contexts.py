@@ -67,7 +67,7 @@ def run(store: str, contexts: int, every: int, certs: Path, run_dir: Path, side_
     pki.init(certs)
     policies = run_dir / "policies"
     policies.mkdir(parents=True, exist_ok=True)
-    routes = _routes(store, certs, max(contexts, 1))
+    routes = _routes(store, certs, contexts + 1)  # room for the side-by-side context
     (policies / "contexts.yaml").write_text(yaml.safe_dump({"routes": routes}, sort_keys=False))
     with bench_gateway(policies, certs, run_dir, workers=1) as gw:
         base = f"http://127.0.0.1:{gw.opts.http_port}"

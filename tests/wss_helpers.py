@@ -25,12 +25,10 @@ def route_doc(pki: Path, profile: str, name: str = "secured", **extra: Any) -> d
             "key": str(pki / "gateway-sign.key"),
             "certificate": str(pki / "gateway-sign.pem"),
             "decryption_key": str(pki / "gateway-enc.key"),
-            "decryption_certificate": str(pki / "gateway-enc.pem"),
         },
         "hmac": {
             "keys_file": str(pki / "hmac-keys.yaml"),
             "decryption_key": str(pki / "gateway-enc.key"),
-            "decryption_certificate": str(pki / "gateway-enc.pem"),
         },
     }
     for k, v in extra.items():
