@@ -344,6 +344,19 @@ def _signing_key(key: PrivateKey) -> xmlsec.Key:
     return xmlsec.Key.from_memory(pem, xmlsec.constants.KeyDataFormatPem)
 
 
+def _id_source(root: etree._Element, prefix: str) -> Callable[[], str]:
+    """Fresh ids `prefix-N` that no element of the document has yet."""
+    taken = set(id_index(root))
+    counter = itertools.count(1)
+
+    def fresh() -> str:
+        value = next(v for v in (f"{prefix}-{n}" for n in counter) if v not in taken)
+        taken.add(value)
+        return value
+
+    return fresh
+
+
 class Signer:
     """Signs with one key and algorithm; the xmlsec key is built once, so keep one Signer per key."""
 
@@ -365,21 +378,17 @@ class Signer:
         elements: Sequence[etree._Element],
         key_info_child: etree._Element,
         id_prefix: str = "id",
+        new_id: Callable[[], str] | None = None,
     ) -> etree._Element:
         """Sign `elements` (each gets a wsu:Id if it has none), append the ds:Signature to `security` with
-        `key_info_child` in its ds:KeyInfo, and return it."""
+        `key_info_child` in its ds:KeyInfo, and return it. `new_id`: the message's own source of fresh ids (it
+        has scanned the document already; a scan costs about 0.5 ms on 30 KB), else ids from `id_prefix`."""
         if not elements:
             raise ValueError("nothing to sign")
         root = env.root
         if any(el.getroottree().getroot() is not root for el in (security, *elements)):
             raise ValueError("the security header and signed elements must be in the envelope")
-        taken = set(id_index(root))
-        counter = itertools.count(1)
-
-        def fresh() -> str:
-            value = next(v for v in (f"{id_prefix}-{n}" for n in counter) if v not in taken)
-            taken.add(value)
-            return value
+        fresh = new_id or _id_source(root, id_prefix)
 
         ids = [_ensure_id(el, fresh) for el in elements]
         sig = etree.SubElement(security, SIGNATURE, nsmap={"ds": ns.DS})

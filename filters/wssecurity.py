@@ -541,7 +541,7 @@ def secure(
         key_info = sign.key_info or binding_ref
         if key_info is None:
             raise ValueError("a signature needs a key reference")
-        sig = sign.signer.sign(env, security, to_sign, key_info(), id_prefix="id")
+        sig = sign.signer.sign(env, security, to_sign, key_info(), new_id=lambda: ids("id"))
         security.remove(sig)
         security.insert(0, sig)
         if sign.certificate is not None:

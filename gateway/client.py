@@ -227,7 +227,8 @@ class Client:
             env = parse_envelope(body, self.route.response_limits)
         except faults.Fault as f:
             raise ClientError(f"reply is not SOAP: {f.reason}") from None
-        if env.is_fault() and wssecurity.find_security(env) is None:
+        security = wssecurity.find_security(env)
+        if env.is_fault() and security is None:
             raise ClientError(f"SOAP fault: {fault_text(env)}")
         creds = wssecurity.Credentials(
             trust=self.trust,
@@ -238,11 +239,9 @@ class Client:
             else {},
         )
         requirements = self.reply_requirements
-        if self.context is not None and wssecurity.find_security(env) is not None:
-            security = wssecurity.find_security(env)
-            if security is not None and any(sc.is_dkt(c) for c in security.iterchildren()):
-                requirements = self.in_context
-                creds.contexts = self._context_resolver
+        if self.context is not None and security is not None and any(sc.is_dkt(c) for c in security.iterchildren()):
+            requirements = self.in_context
+            creds.contexts = self._context_resolver
         try:
             wssecurity.process(env, requirements, creds, datetime.now(UTC))
         except faults.Fault as f:
