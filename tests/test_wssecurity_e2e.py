@@ -107,6 +107,27 @@ def test_round_trip(gw, pki: Path, name: str, cfg: dict, identity: str | None, v
     assert got["headers"].get("x-wsgate-subject") == identity
 
 
+@pytest.mark.parametrize(("name", "cfg", "identity"), [CASES[0], ("hmac", {"key_name": "demo-client"}, None)])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_client_cannot_spoof_gateway_headers(
+    gw, pki: Path, name: str, cfg: dict, identity: str | None, chunked: bool
+) -> None:
+    # Envoy removes the client's own x-wsgate-* headers before the filter runs, on both ext_proc paths (with a
+    # Content-Length, bodies only; chunked, with the headers phase); only the verified subject reaches the backend.
+    client = Client(route_of(gw, name), ClientConfig(certs=pki, **cfg))
+    secured, pending = client.secure(echo("spoof", "1.1"))
+    clear(gw)
+    data = iter([secured]) if chunked else secured
+    resp = requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=data, timeout=10,
+                         headers={"content-type": content_type("1.1"), "x-wsgate-subject": "CN=Mallory",
+                                  "X-WSGate-Anything": "forged"})  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    client.open(resp.content, pending)
+    got = received(gw)[-1]["headers"]
+    assert got.get("x-wsgate-subject") == identity
+    assert "x-wsgate-anything" not in got
+
+
 def test_tampered_request_refused_and_counted(gw, pki: Path) -> None:
     client = Client(route_of(gw, "rsa"), ClientConfig(certs=pki))
     secured, _ = client.secure(echo("pay 10"))
