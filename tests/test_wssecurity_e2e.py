@@ -3,8 +3,11 @@ plain SOAP, the response comes back secured and the client opens it. Refusals ne
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -216,3 +219,22 @@ def test_shared_store_down_fails_closed_and_recovers(tmp_path: Path, pki: Path) 
         assert received(g) == []
         g.supervise_once()  # the supervisor brings Redis back
         assert send(g, "hmac", client.secure(echo())[0]).status_code == 200
+
+
+def test_replay_remembered_across_a_replaced_worker(tmp_path: Path, pki: Path) -> None:
+    # One worker, replay store auto: the supervisor still gives it Redis, because a restarted (or recycled)
+    # worker starting with an empty memory would accept again what its predecessor saw.
+    routes = [route_doc(pki, "hmac", name="hmac", replay={"store": "auto"})]
+    with running_gateway(tmp_path, routes, pki, workers=1) as g:
+        assert g.redis is not None
+        client = Client(route_of(g, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
+        secured, _ = client.secure(echo("once", "1.1"))
+        assert send(g, "hmac", secured).status_code == 200
+        os.kill(g.workers[0].pid, signal.SIGKILL)
+        g.workers[0].wait()
+        g.supervise_once()  # the supervisor restarts the worker
+        deadline = time.monotonic() + 15
+        while (resp := send(g, "hmac", secured)).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert resp.status_code == 500
+        assert fault_code(resp) == "InvalidSecurity"
