@@ -239,7 +239,9 @@ class Gateway:
         (recycled, restarted after a crash), and a fresh process must not forget what the old one saw."""
         o = self.opts
         assert self.policies is not None
-        replay_auto = any(r.touches_xml and r.profile != "xml" and r.replay.store == "auto" for r in self.policies.routes)
+        replay_auto = any(
+            r.touches_xml and r.profile != "xml" and r.replay.store == "auto" for r in self.policies.routes
+        )
         wants_redis = any(
             (r.replay.store == "redis" and not r.replay.redis_url)
             or (r.profile == "secureconversation" and r.secureconversation.store == "redis"
