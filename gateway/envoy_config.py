@@ -92,10 +92,13 @@ ENVOY_REPLIES: dict[int, str] = {
     504: "Service timed out",
 }
 FILTER_FAILURE_STATUS = 503
+# extproc=: Envoy's own account of the ext_proc exchange, e.g. rh:1037:0,rb:1:613:0,sh:343:0,sb:1:374:0 (per phase:
+# calls and microseconds until the filter answered; loadtest/bench.py reads it for the round-trip breakdown).
 ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" %RESPONSE_CODE% '
     "%RESPONSE_CODE_DETAILS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION%ms route=%ROUTE_NAME% "
-    'upstream=%UPSTREAM_HOST% peer="%DOWNSTREAM_PEER_SUBJECT%"\n'
+    'upstream=%UPSTREAM_HOST% peer="%DOWNSTREAM_PEER_SUBJECT%" '
+    "extproc=%FILTER_STATE(envoy.filters.http.ext_proc:PLAIN)%\n"
 )
 
 
