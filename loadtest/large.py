@@ -31,7 +31,7 @@ from lxml import etree
 from certs import pki
 from gateway.client import Client, ClientConfig, Pending
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, Route
-from gateway.supervisor import Gateway
+from gateway.supervisor import Gateway, Options
 from loadtest.bench import bench_gateway
 
 MIB = 1024 * 1024
@@ -247,42 +247,43 @@ def measure(
     limit = None if size <= 10 * MIB - 64 * 1024 else size + 64 * 1024  # the default limit unless too small
     routes = _routes(certs, limit)
     policies = _write_policies(run_dir / "measure", certs, limit)
-    with bench_gateway(policies, certs, run_dir / "measure" / "run", workers, body_budget_mb=budget_mb) as gw:
-        probe = Probe(gw)
-        print(f"Large messages: {size / 1e6:.1f} MB echo requests and replies, {workers} filter worker(s), body "
-              f"budget {budget_mb} MiB per worker, Envoy --concurrency {gw.opts.envoy_concurrency}")  # fmt: skip
-        print(
-            f"{'profile':8} {'clients':>7} {'msgs':>5} {'ok':>4} {'median ms':>10} {'max ms':>8} {'MB/s':>6}"
-            f" {'envoy idle/peak MiB':>20} {'workers idle/peak MiB':>22} {'per in-flight MiB envoy/workers':>32}"
-            f" {'envoy heap MiB':>15}"
-        )  # fmt: skip
-        for profile in profiles:
-            sender = Sender(profile, gw, certs, routes)
-            sender.send(requests.Session(), *sender.make(size, "warm-up"))  # first-use allocations out of the way
-            for k in clients:
-                per_client = max(1, math.ceil(messages / k))
-                work = prepare(sender, size, k, per_client, f"{profile}{k}")
-                time.sleep(0.5)  # let the previous row's memory settle
+    print(f"Large messages: {size / 1e6:.1f} MB echo requests and replies, {workers} filter worker(s), body budget "
+          f"{budget_mb} MiB per worker, Envoy --concurrency {Options().envoy_concurrency}; a fresh gateway per row")  # fmt: skip
+    print(
+        f"{'profile':8} {'clients':>7} {'msgs':>5} {'ok':>4} {'median ms':>10} {'max ms':>8} {'MB/s':>6}"
+        f" {'envoy idle/peak MiB':>20} {'workers idle/peak MiB':>22} {'per in-flight MiB envoy/workers':>32}"
+        f" {'envoy heap MiB':>15}"
+    )  # fmt: skip
+    for profile in profiles:
+        for k in clients:
+            # A fresh gateway: memory a previous row freed but kept for reuse would hide this row's cost.
+            run = run_dir / "measure" / f"run-{profile}-{k}"
+            with bench_gateway(policies, certs, run, workers, body_budget_mb=budget_mb) as gw:
+                probe = Probe(gw)
+                sender = Sender(profile, gw, certs, routes)
+                sender.send(requests.Session(), *sender.make(2000, "warm-up"))  # the code paths, not the buffers
+                work = prepare(sender, size, k, max(1, math.ceil(messages / k)), f"{profile}{k}")
+                time.sleep(0.5)
                 idle = probe.now()
                 start = time.perf_counter()
                 with probe.peak() as peak_now:
                     outcomes = run_clients(sender, work)
                     peak = peak_now()
                 wall = time.perf_counter() - start
-                ok = sum(o.verified for o in outcomes)
-                times = [o.ms for o in outcomes]
-                mbps = ok * size * 2 / 1e6 / wall  # both ways
-                print(
-                    f"{profile:8} {k:>7} {len(outcomes):>5} {ok:>4} {statistics.median(times):>10.0f}"
-                    f" {max(times):>8.0f} {mbps:>6.1f} {idle.envoy:>9.0f} / {peak.envoy:<8.0f}"
-                    f" {idle.workers:>10.0f} / {peak.workers:<9.0f}"
-                    f" {(peak.envoy - idle.envoy) / k:>18.1f} / {(peak.workers - idle.workers) / k:<11.1f}"
-                    f" {peak.envoy_heap:>15.0f}",
-                    flush=True,
-                )  # fmt: skip
-                for o in outcomes:
-                    if not o.verified:
-                        print(f"    refused or wrong: HTTP {o.status} {o.fault}")
+            ok = sum(o.verified for o in outcomes)
+            times = [o.ms for o in outcomes]
+            mbps = ok * size * 2 / 1e6 / wall  # both ways
+            print(
+                f"{profile:8} {k:>7} {len(outcomes):>5} {ok:>4} {statistics.median(times):>10.0f}"
+                f" {max(times):>8.0f} {mbps:>6.1f} {idle.envoy:>9.0f} / {peak.envoy:<8.0f}"
+                f" {idle.workers:>10.0f} / {peak.workers:<9.0f}"
+                f" {(peak.envoy - idle.envoy) / k:>18.1f} / {(peak.workers - idle.workers) / k:<11.1f}"
+                f" {peak.envoy_heap:>15.0f}",
+                flush=True,
+            )  # fmt: skip
+            for o in outcomes:
+                if not o.verified:
+                    print(f"    refused or wrong: HTTP {o.status} {o.fault}")
 
 
 def over_budget(size: int, clients: int, certs: Path, run_dir: Path) -> None:
@@ -329,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=8, help="messages per row (at least one per client)")
     ap.add_argument("--profiles", default=",".join(PROFILE_NAMES))
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--body-budget-mb", type=int, default=DEFAULT_BODY_BUDGET_MB)
+    ap.add_argument("--body-budget-mb", type=int, help="per worker (default: room for every client's body, so that "
+                    f"the rows measure memory, not refusals; at least {DEFAULT_BODY_BUDGET_MB})")  # fmt: skip
     ap.add_argument("--busy-clients", type=int, default=6, help="clients at once in the over-budget run (0: skip)")
     ap.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
     ap.add_argument("--run-dir", type=Path, default=Path("loadtest/out/large"))
@@ -340,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     size = int(args.size_mb * 1e6)
     pki.init(args.certs)
     clients = [int(c) for c in args.clients.split(",")]
-    measure(profiles, size, clients, args.messages, args.workers, args.body_budget_mb, args.certs, args.run_dir)
+    budget_mb = args.body_budget_mb or max(DEFAULT_BODY_BUDGET_MB, math.ceil(max(clients) * (size + 64 * 1024) / MIB))
+    measure(profiles, size, clients, args.messages, args.workers, budget_mb, args.certs, args.run_dir)
     if args.busy_clients:
         over_budget(size, args.busy_clients, args.certs, args.run_dir)
     return 0
