@@ -93,8 +93,10 @@ ENVOY_REPLIES: dict[int, str] = {
     504: "Service timed out",
 }
 FILTER_FAILURE_STATUS = 503
-# A backend response over the stream's buffer: Envoy answers 500 itself; to the client it is a backend failure.
+# A backend response over the stream's buffer: Envoy answers 500 itself. To the client it is the same 502 as when
+# the filter refuses it first (filters.faults.server's text): which one does depends on timing.
 RESPONSE_TOO_LARGE = "response.code_details == 'response_payload_too_large'"
+RESPONSE_TOO_LARGE_TEXT = "The gateway could not process the message"
 # Envoy's edge recommendation for connections; routes that buffer bodies raise their own stream's limit.
 CONNECTION_BUFFER_BYTES = 32 * 1024
 ACCESS_LOG_FORMAT = (
@@ -112,10 +114,10 @@ def _local_reply_config() -> dict[str, Any]:
         "expression": RESPONSE_TOO_LARGE}}}  # fmt: skip
     mappers = [
         {"filter": {"and_filter": {"filters": [too_large, soap12_request]}}, "status_code": 502,
-         "body_format_override": {"text_format_source": {"inline_string": _soap_fault("1.2", "env:Receiver", "Bad gateway")},
+         "body_format_override": {"text_format_source": {"inline_string": _soap_fault("1.2", "env:Receiver", RESPONSE_TOO_LARGE_TEXT)},
                                   "content_type": "application/soap+xml; charset=utf-8"}},
         {"filter": too_large, "status_code": 502,
-         "body_format_override": {"text_format_source": {"inline_string": _soap_fault("1.1", "soap:Server", "Bad gateway")},
+         "body_format_override": {"text_format_source": {"inline_string": _soap_fault("1.1", "soap:Server", RESPONSE_TOO_LARGE_TEXT)},
                                   "content_type": "text/xml; charset=utf-8"}},
     ]  # fmt: skip
     for code, text in ENVOY_REPLIES.items():

@@ -53,7 +53,7 @@ class Upstream(Strict):
 
 
 # Body bytes in flight one filter worker admits (filters/budget.py); `wsgate up --body-budget-mb`.
-DEFAULT_BODY_BUDGET_MB = 64
+DEFAULT_BODY_BUDGET_MB = 48
 
 
 class Limits(Strict):
