@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
 from certs import pki
 from gateway import envoy_config
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, load_dir
+from gateway.supervisor import default_workers
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--policies", type=Path, default=Path("policies"))
     up.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
     up.add_argument("--run-dir", type=Path, default=Path("run"))
-    up.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="filter worker processes")
+    up.add_argument("--workers", type=int, default=default_workers(), help="filter worker processes (cores - 1)")
     up.add_argument("--bind", default="127.0.0.1")
     up.add_argument("--http-port", type=int, default=8080)
     up.add_argument("--https-port", type=int, default=8443)
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     render = sub.add_parser("render", help="print (or write) the Envoy configuration")
     render.add_argument("--policies", type=Path, default=Path("policies"))
     render.add_argument("--target", choices=["local", "compose"], default="local")
-    render.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    render.add_argument("--workers", type=int, default=default_workers())
     render.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
     render.add_argument("--config-dir", type=Path, default=Path("run/envoy"))
     render.add_argument("--out", type=Path, help="write envoy.yaml, lds.yaml and cds.yaml into this folder")

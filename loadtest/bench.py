@@ -48,7 +48,7 @@ from typing import IO, Any
 from certs import pki
 from filters import secure_conversation as sc
 from gateway.policy import PolicySet, load_dir
-from gateway.supervisor import Gateway, Options
+from gateway.supervisor import Gateway, Options, default_workers
 from loadtest.messages import (
     ENCRYPTED_KEY,
     HMAC_KEY_NAME,
@@ -854,7 +854,7 @@ def run_bench(
     out = Path(out).resolve()
     certs = pki.init(Path(certs)).resolve()
     policies = Path(policies).resolve()
-    workers = workers or os.cpu_count() or 1
+    workers = workers or default_workers()
     started = time.monotonic()
     points: list[Point] = []
     print(
@@ -921,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=200.0, help="paced rate, req/s (at most half the saturation)")
     p.add_argument("--threads", type=int, default=2, help="wrk threads (and message generator processes)")
     p.add_argument("--connections", type=int, default=16)
-    p.add_argument("--workers", type=int, default=None, help="filter workers (default: one per core)")
+    p.add_argument("--workers", type=int, default=None, help="filter workers (default: cores - 1)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--policies", type=Path, default=DEFAULT_POLICIES)
     p.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)

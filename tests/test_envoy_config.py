@@ -80,12 +80,17 @@ def test_compose_and_local_render_the_same_routes() -> None:
 def test_xml_routes_call_the_filter_and_others_do_not() -> None:
     files = render_repo()
     routes = routes_of(files)[0]["virtual_hosts"][0]["routes"]
-    by_name = {r["name"]: r for r in routes}
+    by_name = {r["name"]: r for r in routes if "route" in r}  # the entries that forward
     ext = envoy_config.EXT_PROC
     assert by_name["xml"]["typed_per_filter_config"][ext]["overrides"]["grpc_initial_metadata"] == [
         {"key": "x-wsgate-route", "value": "xml"}
     ]
+    assert {"name": ":method", "string_match": {"exact": "POST"}} in by_name["xml"]["match"]["headers"]
     assert by_name["plain"]["typed_per_filter_config"][ext]["disabled"] is True
+    # Any other method on an XML route is answered by Envoy, without an ext_proc stream.
+    refusal = next(r for r in routes if r["name"] == "xml" and "direct_response" in r)
+    assert refusal["direct_response"] == {"status": 405}
+    assert refusal["typed_per_filter_config"][ext]["disabled"] is True
     lds = yaml.safe_load(files["lds.yaml"])
     ext_cfg = lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]
     assert ext_cfg["failure_mode_allow"] is False
@@ -96,10 +101,12 @@ def test_each_xml_route_buffers_up_to_its_own_limit() -> None:
     its larger direction, so a small route never buffers what a large one may."""
     files = render_repo()
     ps = load_dir(REPO / "policies")
-    routes = {r["name"]: r for r in routes_of(files)[0]["virtual_hosts"][0]["routes"]}
-    for policy in ps.routes:
+    forwarding = [r for r in routes_of(files)[0]["virtual_hosts"][0]["routes"] if "route" in r]
+    assert {r["name"] for r in forwarding} >= {p.name for p in ps.routes if p.touches_xml}
+    for entry in forwarding:
+        policy = ps.route(entry["name"])
         wanted = max(policy.limits.max_body_bytes, policy.response_limits.max_body_bytes)
-        assert routes[policy.name].get("request_body_buffer_limit") == (wanted if policy.touches_xml else None)
+        assert entry.get("request_body_buffer_limit") == (wanted if policy.touches_xml else None)
     for listener in yaml.safe_load(files["lds.yaml"])["resources"]:
         assert listener["per_connection_buffer_limit_bytes"] == envoy_config.CONNECTION_BUFFER_BYTES
 

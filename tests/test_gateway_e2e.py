@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import threading
@@ -136,7 +137,8 @@ def test_xml_route_passes_both_ways_through_filter(gw) -> None:
     assert r.status_code == 200
     assert len(r.content) > 20_000
     assert len(etree.fromstring(r.content).findall(f".//{{{DEMO}}}quake")) == 100
-    assert int(r.headers["content-length"]) == len(r.content)
+    # The response headers phase is skipped (one gRPC round trip less): Envoy frames the body chunked.
+    assert r.headers.get("transfer-encoding") == "chunked" or int(r.headers["content-length"]) == len(r.content)
     assert b"<d:count>100</d:count>" in received(gw)[-1]["body"].encode()
     stats = requests.get(f"http://127.0.0.1:{gw.opts.admin_port}/stats?filter=^http\\.http\\.ext_proc\\.streams_started$",
                          timeout=5)  # fmt: skip
@@ -179,12 +181,51 @@ def test_soap12_fault_for_soap12_request(gw) -> None:
     assert fault_of(r)[0] == "env:Sender"
 
 
-def test_get_on_xml_route_refused(gw) -> None:
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+def test_other_methods_on_xml_route_refused_by_envoy(gw, method: str) -> None:
+    # The filter sees bodies only, so Envoy itself refuses what is not a SOAP POST, even with a body.
     clear_received(gw)
-    r = requests.get(url(gw, "/xml/echo"), timeout=5)
-    assert r.status_code == 500
-    assert fault_of(r)[0] == "soap:Client"
+    r = requests.request(method, url(gw, "/xml/echo"), data=envelope(ECHO), timeout=5)
+    assert r.status_code == 405
+    assert fault_of(r) == ("soap:Client", "Only SOAP POST requests are accepted")
     assert received(gw) == []
+
+
+@pytest.mark.parametrize("length", [None, "0", "00"])
+def test_bodyless_post_on_xml_route_refused(gw, length: str | None) -> None:
+    # A POST without a body would never reach the filter's body phase: it must not reach the backend either.
+    clear_received(gw)
+    conn = http.client.HTTPConnection("127.0.0.1", gw.opts.http_port, timeout=5)
+    conn.putrequest("POST", "/xml/echo")
+    conn.putheader("content-type", content_type("1.2"))
+    if length is not None:
+        conn.putheader("content-length", length)
+    conn.endheaders()
+    r = conn.getresponse()
+    body = r.read()
+    assert r.status == 411
+    assert r.getheader("content-type").startswith("application/soap+xml")
+    assert b"A SOAP request needs a body" in body
+    assert received(gw) == []
+
+
+@pytest.mark.parametrize(("chunks", "status"), [([], 500), ([b""], 500), ([envelope(ECHO)], 200)])
+def test_chunked_post_goes_through_the_filter(gw, chunks: list[bytes], status: int) -> None:
+    # No Content-Length: the filter sees the headers too (a body-less request is refused there); an empty
+    # chunked body is not SOAP.
+    clear_received(gw)
+    conn = http.client.HTTPConnection("127.0.0.1", gw.opts.http_port, timeout=5)
+    conn.request("POST", "/xml/echo", body=iter(chunks), headers={"content-type": content_type("1.1")},
+                 encode_chunked=True)  # fmt: skip
+    r = conn.getresponse()
+    body = r.read()
+    assert r.status == status, body
+    if status == 200:
+        assert b"hello gateway" in body
+        assert len(received(gw)) == 1
+    else:
+        assert b"soap:Client" in body
+        assert received(gw) == []
 
 
 def test_unknown_path_is_soap_fault(gw) -> None:

@@ -3,8 +3,11 @@ plain SOAP, the response comes back secured and the client opens it. Refusals ne
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +110,27 @@ def test_round_trip(gw, pki: Path, name: str, cfg: dict, identity: str | None, v
     assert got["headers"].get("x-wsgate-subject") == identity
 
 
+@pytest.mark.parametrize(("name", "cfg", "identity"), [CASES[0], ("hmac", {"key_name": "demo-client"}, None)])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_client_cannot_spoof_gateway_headers(
+    gw, pki: Path, name: str, cfg: dict, identity: str | None, chunked: bool
+) -> None:
+    # Envoy removes the client's own x-wsgate-* headers before the filter runs, on both ext_proc paths (with a
+    # Content-Length, bodies only; chunked, with the headers phase); only the verified subject reaches the backend.
+    client = Client(route_of(gw, name), ClientConfig(certs=pki, **cfg))
+    secured, pending = client.secure(echo("spoof", "1.1"))
+    clear(gw)
+    data = iter([secured]) if chunked else secured
+    resp = requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=data, timeout=10,
+                         headers={"content-type": content_type("1.1"), "x-wsgate-subject": "CN=Mallory",
+                                  "X-WSGate-Anything": "forged"})  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    client.open(resp.content, pending)
+    got = received(gw)[-1]["headers"]
+    assert got.get("x-wsgate-subject") == identity
+    assert "x-wsgate-anything" not in got
+
+
 def test_tampered_request_refused_and_counted(gw, pki: Path) -> None:
     client = Client(route_of(gw, "rsa"), ClientConfig(certs=pki))
     secured, _ = client.secure(echo("pay 10"))
@@ -195,3 +219,22 @@ def test_shared_store_down_fails_closed_and_recovers(tmp_path: Path, pki: Path) 
         assert received(g) == []
         g.supervise_once()  # the supervisor brings Redis back
         assert send(g, "hmac", client.secure(echo())[0]).status_code == 200
+
+
+def test_replay_remembered_across_a_replaced_worker(tmp_path: Path, pki: Path) -> None:
+    # One worker, replay store auto: the supervisor still gives it Redis, because a restarted (or recycled)
+    # worker starting with an empty memory would accept again what its predecessor saw.
+    routes = [route_doc(pki, "hmac", name="hmac", replay={"store": "auto"})]
+    with running_gateway(tmp_path, routes, pki, workers=1) as g:
+        assert g.redis is not None
+        client = Client(route_of(g, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
+        secured, _ = client.secure(echo("once", "1.1"))
+        assert send(g, "hmac", secured).status_code == 200
+        os.kill(g.workers[0].pid, signal.SIGKILL)
+        g.workers[0].wait()
+        g.supervise_once()  # the supervisor restarts the worker
+        deadline = time.monotonic() + 15
+        while (resp := send(g, "hmac", secured)).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert resp.status_code == 500
+        assert fault_code(resp) == "InvalidSecurity"
