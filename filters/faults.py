@@ -57,9 +57,9 @@ def security(code: str, reason: str) -> Fault:
     return Fault(code=code, reason=reason, code_ns=ns.WSSE)
 
 
-def client(reason: str, message: str = "The request is not a valid SOAP message") -> Fault:
+def client(reason: str, message: str = "The request is not a valid SOAP message", status: int = 500) -> Fault:
     """A plain SOAP Client/Sender fault: the message itself is malformed or not allowed."""
-    return Fault(code="", reason=reason, message=message)
+    return Fault(code="", reason=reason, message=message, http_status=status)
 
 
 def server(reason: str, message: str = "The gateway could not process the message", status: int = 500) -> Fault:

@@ -1,4 +1,4 @@
-"""Prometheus metrics of a filter worker: requests, fault reasons, replays and per-stage timings."""
+"""Prometheus metrics of a filter worker: requests, fault reasons, replays, per-stage timings, body bytes in flight."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.policy import Route
 
 REQUESTS = Counter("wsgate_requests", "Exchanges processed by the filter", ["route", "profile", "phase", "outcome"])
 FAULTS = Counter("wsgate_faults", "Refusals by precise reason code", ["route", "profile", "reason"])
 REPLAYS = Counter("wsgate_replays", "Replayed messages refused", ["route", "profile"])
+BODY_BYTES = Gauge("wsgate_body_bytes_in_flight", "Body bytes reserved by the exchanges in flight (filters/budget.py)")
+BODY_BUDGET = Gauge("wsgate_body_budget_bytes", "The worker's budget of body bytes in flight")
 STAGE = Histogram(
     "wsgate_stage_seconds",
     "Time per processing stage",

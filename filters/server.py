@@ -21,9 +21,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3.http_status_pb2 import HttpStatus
 
 from filters import faults, metrics
+from filters.budget import Budget, Ticket
 from filters.engine import Engine, Exchange, Outcome, fault_soap_version
 from filters.xmlsupport import check_libxml2
-from gateway.policy import PolicyError, load_dir
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, check_body_budget, load_dir
 
 log = logging.getLogger("wsgate.filter")
 
@@ -77,13 +78,14 @@ def _answer(outcome: Outcome, soap_version: str) -> pb.ProcessingResponse:
 class State:
     """The policies and engine a worker serves; swapped whole on reload."""
 
-    def __init__(self, policies_dir: Path) -> None:
+    def __init__(self, policies_dir: Path, budget: Budget) -> None:
         self.policies_dir = policies_dir
-        self.engine = Engine(load_dir(policies_dir))
+        self.budget = budget
+        self.engine = Engine(check_body_budget(load_dir(policies_dir), budget.limit))
 
     def reload(self) -> None:
         try:
-            self.engine = Engine(load_dir(self.policies_dir))
+            self.engine = Engine(check_body_budget(load_dir(self.policies_dir), self.budget.limit))
             log.info("policies reloaded from %s", self.policies_dir)
         except (PolicyError, OSError, faults.Fault) as exc:
             log.error("policy reload refused, keeping the running policies: %s", exc)
@@ -100,14 +102,17 @@ class Processor(pb_grpc.ExternalProcessorServicer):
         engine = self.state.engine  # in-flight exchanges keep the engine they started with
         headers: dict[str, str] = {}
         ex: Exchange | None = None
+        ticket: Ticket | None = None
         label = ("?", "?")
         phase = "request"
         try:
             pipeline = engine.pipeline(route_name)
             ex = Exchange(route=pipeline.route)
             label = (pipeline.route.name, pipeline.route.profile)
+            ticket = self.state.budget.ticket(pipeline.route)
             async for req in request_iterator:
                 kind = req.WhichOneof("request")
+                ticket.account(req)  # before any work on the message: what does not fit is refused
                 if kind == "request_headers":
                     headers = {h.key: h.raw_value.decode("latin-1") for h in req.request_headers.headers.headers}
                     if headers.get(":method") != "POST":
@@ -158,6 +163,9 @@ class Processor(pb_grpc.ExternalProcessorServicer):
             log.exception("internal error on route %s", route_name)
             metrics.REQUESTS.labels(*label, phase, "error").inc()
             yield _immediate(faults.server("internal error"), fault_soap_version(ex, headers))
+        finally:
+            if ticket is not None:
+                ticket.release()
 
 
 def _continue(kind: str | None) -> pb.ProcessingResponse:
@@ -182,8 +190,11 @@ def max_message_bytes(state: State) -> int:
     return max([*limits, 4 * 1024 * 1024]) + 64 * 1024
 
 
-async def serve(policies_dir: Path, listen: str, metrics_port: int | None, ready_file: Path | None = None) -> None:
-    state = State(policies_dir)
+async def serve(
+    policies_dir: Path, listen: str, metrics_port: int | None, ready_file: Path | None = None,
+    body_budget_bytes: int = DEFAULT_BODY_BUDGET_MB * 1024 * 1024,
+) -> None:  # fmt: skip
+    state = State(policies_dir, Budget(body_budget_bytes))
     server = grpc.aio.server(options=grpc_options(max_message_bytes(state)))
     pb_grpc.add_ExternalProcessorServicer_to_server(Processor(state), server)
     if server.add_insecure_port(listen) == 0:
@@ -212,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--ready-file", type=Path, help="written once the worker accepts exchanges")
+    parser.add_argument("--body-budget-mb", type=int, default=DEFAULT_BODY_BUDGET_MB,
+                        help="body bytes in flight this worker admits; beyond: 503 (filters/budget.py)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -219,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     check_libxml2()
     import uvloop  # measured: about 13% less CPU per exchange than the default loop
 
-    uvloop.run(serve(args.policies, args.listen, args.metrics_port, args.ready_file))
+    uvloop.run(serve(args.policies, args.listen, args.metrics_port, args.ready_file, args.body_budget_mb * 1024 * 1024))
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class _Checks:
 def parse_envelope(data: bytes, limits: Limits) -> Envelope:
     """Parse and check a SOAP envelope; raise a Client fault for anything not allowed."""
     if len(data) > limits.max_body_bytes:
-        raise faults.client(f"body too large: {len(data)} > {limits.max_body_bytes} bytes")
+        raise faults.client(f"body too large: {len(data)} > {limits.max_body_bytes} bytes", status=413)
     if not data.strip():
         raise faults.client("empty body")
     # A DOCTYPE (and with it any entity declaration) is refused before the parser sees it.

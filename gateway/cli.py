@@ -9,7 +9,7 @@ from pathlib import Path
 
 from certs import pki
 from gateway import envoy_config
-from gateway.policy import PolicyError, PolicySet, load_dir
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, load_dir
 from gateway.supervisor import default_workers
 
 
@@ -20,7 +20,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         policies=args.policies, certs=args.certs, run_dir=args.run_dir, workers=args.workers, bind=args.bind,
         http_port=args.http_port, https_port=args.https_port, admin_port=args.admin_port,
         backend=None if args.no_backend else args.backend, log_level=args.log_level,
-        worker_max_rss_mb=args.worker_max_rss_mb,
+        worker_max_rss_mb=args.worker_max_rss_mb, body_budget_mb=args.body_budget_mb,
+        envoy_max_heap_mb=args.envoy_max_heap_mb,
     )  # fmt: skip
     gw = Gateway(opts)
     try:
@@ -148,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-backend", action="store_true", help="do not start the demo backend")
     up.add_argument("--log-level", default="warning")
     up.add_argument("--worker-max-rss-mb", type=int, default=512, help="replace a filter worker grown past this")
+    up.add_argument("--body-budget-mb", type=int, default=DEFAULT_BODY_BUDGET_MB,
+                    help="body bytes in flight each filter worker admits; beyond: 503 Service busy")  # fmt: skip
+    up.add_argument("--envoy-max-heap-mb", type=int, default=1024,
+                    help="Envoy's heap; near it, new requests get 503 (overload manager)")  # fmt: skip
     up.set_defaults(func=cmd_up)
 
     check = sub.add_parser("check", help="validate policy files")

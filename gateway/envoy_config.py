@@ -20,6 +20,7 @@ EXT_PROC = "envoy.filters.http.ext_proc"
 RBAC = "envoy.filters.http.rbac"
 ROUTE_METADATA = "x-wsgate-route"  # filters/server.py reads it
 FILTER_CLUSTER = "wsgate_filter"
+HEAP = "envoy.resource_monitors.fixed_heap"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
 SOAP12 = "http://www.w3.org/2003/05/soap-envelope"
 
@@ -38,6 +39,7 @@ class Topology:
     config_dir: str = "run/envoy"
     max_connections: int = 50_000
     filter_timeout_ms: int = 3000  # RSA work at saturation needs more than Envoy's 200 ms default
+    max_heap_mb: int = 1024  # Envoy's heap: over 95% of it, new requests get 503 (overload manager)
 
 
 def compose_topology() -> Topology:
@@ -92,6 +94,12 @@ ENVOY_REPLIES: dict[int, str] = {
     504: "Service timed out",
 }
 FILTER_FAILURE_STATUS = 503
+# A backend response over the stream's buffer: Envoy answers 500 itself. To the client it is the same 502 as when
+# the filter refuses it first (filters.faults.server's text): which one does depends on timing.
+RESPONSE_TOO_LARGE = "response.code_details == 'response_payload_too_large'"
+RESPONSE_TOO_LARGE_TEXT = "The gateway could not process the message"
+# Envoy's edge recommendation for connections; routes that buffer bodies raise their own stream's limit.
+CONNECTION_BUFFER_BYTES = 32 * 1024
 # extproc=: Envoy's own account of the ext_proc exchange, e.g. rh:1037:0,rb:1:613:0,sh:343:0,sb:1:374:0 (per phase:
 # calls and microseconds until the filter answered; loadtest/bench.py reads it for the round-trip breakdown).
 ACCESS_LOG_FORMAT = (
@@ -105,7 +113,17 @@ ACCESS_LOG_FORMAT = (
 def _local_reply_config() -> dict[str, Any]:
     soap12_request = {"header_filter": {"header": {
         "name": "content-type", "string_match": {"contains": "application/soap+xml", "ignore_case": True}}}}  # fmt: skip
-    mappers = []
+    too_large = {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+        "expression": RESPONSE_TOO_LARGE}}}  # fmt: skip
+    mappers = [
+        {"filter": {"and_filter": {"filters": [too_large, soap12_request]}}, "status_code": 502,
+         "body_format_override": {"text_format_source": {"inline_string": _soap_fault("1.2", "env:Receiver", RESPONSE_TOO_LARGE_TEXT)},
+                                  "content_type": "application/soap+xml; charset=utf-8"}},
+        {"filter": too_large, "status_code": 502,
+         "body_format_override": {"text_format_source": {"inline_string": _soap_fault("1.1", "soap:Server", RESPONSE_TOO_LARGE_TEXT)},
+                                  "content_type": "text/xml; charset=utf-8"}},
+    ]  # fmt: skip
     for code, text in ENVOY_REPLIES.items():
         status = {"status_code_filter": {"comparison": {
             "op": "EQ", "value": {"default_value": code, "runtime_key": f"wsgate.local_reply.{code}"}}}}  # fmt: skip
@@ -174,6 +192,9 @@ def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
             entries.append(entry)
             continue
         entry["route"] = {"cluster": f"upstream_{route.name}", "timeout": f"{route.upstream.timeout_s:g}s"}
+        if route.touches_xml:
+            # The filter needs whole bodies: Envoy buffers up to this route's own limit (413 or 502 beyond).
+            entry["request_body_buffer_limit"] = max(route.limits.max_body_bytes, route.response_limits.max_body_bytes)
         per_filter: dict[str, Any] = dict(_DISABLED)
         if route.touches_xml:
             per_filter[EXT_PROC] = {
@@ -282,7 +303,7 @@ def _max_body(policies: PolicySet) -> int:
 
 
 def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
-    buffer_limit = _max_body(policies) + 65536
+    buffer_limit = CONNECTION_BUFFER_BYTES
     plain = {
         "name": "http",
         "address": _address(f"{topo.bind}:{topo.http_port}"),
@@ -400,11 +421,23 @@ def bootstrap(topo: Topology) -> dict[str, Any]:
         "node": {"id": "wsgate", "cluster": "wsgate"},
         "admin": {"address": _address(f"127.0.0.1:{topo.admin_port}" if topo.bind == "127.0.0.1" else f"0.0.0.0:{topo.admin_port}")},
         "dynamic_resources": {"lds_config": _file_source(topo, "lds.yaml"), "cds_config": _file_source(topo, "cds.yaml")},
-        "overload_manager": {"resource_monitors": [{
-            "name": "envoy.resource_monitors.global_downstream_max_connections",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
-                "max_active_downstream_connections": topo.max_connections}}]},
+        "overload_manager": {
+            "refresh_interval": "0.25s",
+            "resource_monitors": [{
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": topo.max_connections}},
+                {"name": HEAP, "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                    "max_heap_size_bytes": topo.max_heap_mb * 1024 * 1024}}],
+            # The filter's body budget bounds what XML routes buffer; this bounds Envoy whatever the traffic:
+            # give freed memory back first, then refuse new requests (503, a SOAP fault) until the heap shrinks.
+            "actions": [
+                {"name": "envoy.overload_actions.shrink_heap", "triggers": [{"name": HEAP, "threshold": {"value": 0.9}}]},
+                {"name": "envoy.overload_actions.stop_accepting_requests",
+                 "triggers": [{"name": HEAP, "threshold": {"value": 0.95}}]}],
+        },
     }  # fmt: skip
 
 

@@ -52,6 +52,10 @@ class Upstream(Strict):
         return int(self.address.rsplit(":", 1)[1])
 
 
+# Body bytes in flight one filter worker admits (filters/budget.py); `wsgate up --body-budget-mb`.
+DEFAULT_BODY_BUDGET_MB = 48
+
+
 class Limits(Strict):
     """XML threat protection limits; the defaults are safe for ordinary SOAP traffic."""
 
@@ -185,6 +189,19 @@ class PolicySet(Strict):
             if r.name == name:
                 return r
         raise KeyError(name)
+
+
+def check_body_budget(policies: PolicySet, budget_bytes: int) -> PolicySet:
+    """Refuse policies with a route whose one body would not fit a filter worker's budget: it would only ever
+    answer `busy`. An exchange holds one body at a time (its request, then its response)."""
+    for r in policies.routes:
+        largest = max(r.limits.max_body_bytes, r.response_limits.max_body_bytes)
+        if r.touches_xml and largest > budget_bytes:
+            raise PolicyError(
+                f"{policies.sources[r.name]}: route {r.name}: bodies of up to {largest} bytes do not fit the filter "
+                f"workers' body budget of {budget_bytes} bytes (--body-budget-mb)"
+            )
+    return policies
 
 
 _ENV = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)(?::-([^}]*))?\}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from certs import pki
 from gateway import envoy_config
-from gateway.policy import PolicyError, PolicySet, load_dir
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, check_body_budget, load_dir
 
 REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/profiles.py reads it
 
@@ -47,6 +47,10 @@ class Options:
     # id a worker ever registered for signature checks in a dictionary it never frees: clients choose the ids,
     # so only replacing the process bounds that memory.
     worker_max_rss_mb: int = 512
+    # Memory per request is bounded by bounding the requests: each worker admits this many body bytes in flight
+    # (filters/budget.py), Envoy refuses new requests when its heap nears envoy_max_heap_mb. Beyond: 503.
+    body_budget_mb: int = DEFAULT_BODY_BUDGET_MB
+    envoy_max_heap_mb: int = 1024
     log_level: str = "warning"
 
     @classmethod
@@ -77,6 +81,7 @@ class Options:
             admin_port=self.admin_port,
             certs_dir=str(self.certs.resolve()),
             config_dir=str((self.run_dir / "envoy").resolve()),
+            max_heap_mb=self.envoy_max_heap_mb,
         )
 
 
@@ -168,7 +173,7 @@ class Gateway:
         ready.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "filters.server", "--policies", str(o.policies),
                 "--listen", f"127.0.0.1:{port}", "--log-level", o.log_level.upper(),
-                "--ready-file", str(ready)]  # fmt: skip
+                "--ready-file", str(ready), "--body-budget-mb", str(o.body_budget_mb)]  # fmt: skip
         if o.metrics_port:  # metrics ports pair up like the workers' ports
             argv += ["--metrics-port", str(o.metrics_port + port - o.filter_port)]
         proc = self._spawn(f"filter-{i}", argv)
@@ -213,7 +218,7 @@ class Gateway:
     def start(self) -> None:
         o = self.opts
         pki.init(o.certs)
-        self.policies = load_dir(o.policies)
+        self.policies = check_body_budget(load_dir(o.policies), o.body_budget_mb * 1024 * 1024)
         self._signature = _policy_signature(o.policies)
         self.render()
         self._start_shared_store()
@@ -327,7 +332,7 @@ class Gateway:
             return False
         self._signature = sig
         try:
-            policies = load_dir(self.opts.policies)
+            policies = check_body_budget(load_dir(self.opts.policies), self.opts.body_budget_mb * 1024 * 1024)
         except PolicyError as exc:
             log.error("policy change refused, the running policies stay:\n%s", exc)
             return False

@@ -155,10 +155,10 @@ def _env(**values: str) -> Iterator[None]:
 
 
 @contextmanager
-def bench_gateway(policies: Path, certs: Path, run_dir: Path, workers: int) -> Iterator[Gateway]:
+def bench_gateway(policies: Path, certs: Path, run_dir: Path, workers: int, **options: object) -> Iterator[Gateway]:
     """The gateway on free loopback ports, with the demo backend; BACKEND_ADDR and WSGATE_BENCH_CERTS set for
-    the policies (and for the processes that generate messages from them)."""
-    opts = Options.on_free_ports(workers, policies=policies, certs=certs, run_dir=run_dir)
+    the policies (and for the processes that generate messages from them). `options`: more gateway Options."""
+    opts = Options.on_free_ports(workers, policies=policies, certs=certs, run_dir=run_dir, **options)
     with _env(BACKEND_ADDR=opts.backend or "", WSGATE_BENCH_CERTS=str(certs)):
         with Gateway(opts) as gw:
             yield gw

@@ -96,6 +96,21 @@ def test_xml_routes_call_the_filter_and_others_do_not() -> None:
     assert ext_cfg["failure_mode_allow"] is False
 
 
+def test_each_xml_route_buffers_up_to_its_own_limit() -> None:
+    """Connections keep Envoy's small default; a route that needs whole bodies raises its own stream's limit to
+    its larger direction, so a small route never buffers what a large one may."""
+    files = render_repo()
+    ps = load_dir(REPO / "policies")
+    forwarding = [r for r in routes_of(files)[0]["virtual_hosts"][0]["routes"] if "route" in r]
+    assert {r["name"] for r in forwarding} >= {p.name for p in ps.routes if p.touches_xml}
+    for entry in forwarding:
+        policy = ps.route(entry["name"])
+        wanted = max(policy.limits.max_body_bytes, policy.response_limits.max_body_bytes)
+        assert entry.get("request_body_buffer_limit") == (wanted if policy.touches_xml else None)
+    for listener in yaml.safe_load(files["lds.yaml"])["resources"]:
+        assert listener["per_connection_buffer_limit_bytes"] == envoy_config.CONNECTION_BUFFER_BYTES
+
+
 def test_render_cli_prints_all_files() -> None:
     run = subprocess.run([sys.executable, "-m", "gateway.cli", "render", "--policies", str(REPO / "policies")],
                          capture_output=True, text=True, cwd=REPO)  # fmt: skip

@@ -1,6 +1,7 @@
 """The load-test machinery works end to end (never how fast: no timed assertions).
 
 - loadtest/bench.py: one profile at one size for about a second prints its tables and writes bench.csv/.png;
+- loadtest/large.py: a run with tiny messages prints its rows and the over-budget refusals;
 - loadtest/locustfile.py: every user class, run headless against a real gateway, has its messages accepted and
   its replies verified; the message factory's check refuses a replay and a wrong reply."""
 
@@ -18,7 +19,7 @@ import pytest
 import requests
 import yaml
 
-from loadtest import bench
+from loadtest import bench, large
 from loadtest.messages import PROFILES, CheckFailed, Factory
 from tests.harness import running_gateway
 
@@ -115,3 +116,21 @@ def test_locust_every_user_class(gw, pki: Path, tmp_path: Path) -> None:
         assert row is not None, f"no requests for {profile}: {sorted(stats)}\n{proc.stderr[-3000:]}"
         assert int(row["Request Count"]) > 0
         assert int(row["Failure Count"]) == 0, (tmp_path / "l_failures.csv").read_text()
+
+
+def test_large_smoke(tmp_path: Path, pki: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--size-mb", "0.2", "--clients", "1,2", "--messages", "2", "--busy-clients", "3", "--certs", str(pki),
+            "--run-dir", str(tmp_path)]  # fmt: skip
+    assert large.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Large messages: 0.2 MB" in out and "per in-flight MiB" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["xml"], ["rsa"])]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("xml", "1", "2", "2"),
+        ("xml", "2", "2", "2"),
+        ("rsa", "1", "2", "2"),
+        ("rsa", "2", "2", "2"),
+    ]  # profile, clients, messages, verified replies
+    assert "refused or wrong" not in out
+    assert "Over budget: 1 worker with a body budget of 1 MiB" in out
+    assert "answered 200 and verified:" in out and 'wsgate_faults_total{reason="busy"}' in out
