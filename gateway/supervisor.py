@@ -233,7 +233,7 @@ class Gateway:
         envoy_bin = str(Path(sys.executable).with_name("envoy"))
         self.envoy = self._spawn("envoy", [
             envoy_bin, "-c", str(o.run_dir / "envoy" / "envoy.yaml"), "--concurrency", str(o.envoy_concurrency),
-            "--log-level", o.log_level, "--drain-time-s", "5",
+            "--log-level", o.log_level, "--drain-time-s", "5", "--file-flush-interval-msec", "1000",
             # Several gateways (tests, side-by-side benchmarks) may share a machine: no fixed shared-memory id.
             "--use-dynamic-base-id"])  # fmt: skip
         self._wait_envoy_ready()

@@ -128,6 +128,10 @@ class Point:
     time_ratio: float = 0.0  # time per request at saturation / none's, at this size (Sosnoski's Figure 1)
     cpu_ratio: float = 0.0  # gateway CPU per request / none's
     stages_ms: dict[str, float] = field(default_factory=dict)  # filter stage time per request
+    # At the paced rate (no queueing): the worker's stages, and Envoy's account of each ext_proc phase (the time
+    # from sending a phase's message to the filter's answer: the gRPC round trip plus the stages inside it).
+    paced_stages_ms: dict[str, float] = field(default_factory=dict)
+    extproc_ms: dict[str, float] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)  # wsgate_faults_total deltas by reason
     envoy_problems: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -135,6 +139,11 @@ class Point:
     @property
     def stage_total_ms(self) -> float:
         return sum(self.stages_ms.values())
+
+    @property
+    def round_trip_ms(self) -> float:
+        """The ext_proc exchange's own cost per request: Envoy's phase latencies less the worker's stages."""
+        return max(0.0, sum(self.extproc_ms.values()) - sum(self.paced_stages_ms.values()))
 
 
 # ---- the gateway
@@ -240,6 +249,29 @@ def _worker_metrics(gw: Gateway) -> tuple[dict[tuple[str, str], float], dict[tup
                 elif s.name == "wsgate_faults_total":
                     faults[(s.labels["route"], s.labels["reason"])] += s.value
     return stages, faults
+
+
+EXTPROC_PHASES = {"rh": "request headers", "rb": "request body", "sh": "response headers", "sb": "response body"}
+_ACCESS_LINE = re.compile(r" route=(\S+) .* extproc=(\S+)$")
+
+
+def extproc_latencies(lines: Iterable[str], route: str) -> tuple[dict[str, float], int]:
+    """Mean ms per request of each ext_proc phase, from Envoy's access log (`extproc=rh:1037:0,rb:1:613:0,...`:
+    headers phases are latency:status, body phases calls:total latency:status, in microseconds)."""
+    totals: dict[str, float] = collections.defaultdict(float)
+    n = 0
+    for line in lines:
+        m = _ACCESS_LINE.search(line.rstrip("\n"))
+        if not m or m.group(1) != route or m.group(2) == "-":
+            continue
+        n += 1
+        for item in m.group(2).split(","):
+            parts = item.split(":")
+            if parts[0] in ("rh", "sh") and len(parts) == 3:
+                totals[parts[0]] += int(parts[1]) / 1000
+            elif parts[0] in ("rb", "sb") and len(parts) == 4:
+                totals[parts[0]] += int(parts[2]) / 1000
+    return ({k: totals[k] / n for k in EXTPROC_PHASES if k in totals} if n else {}), n
 
 
 def snapshot(gw: Gateway) -> Snapshot:
@@ -584,9 +616,21 @@ class Bench:
         messages = [m for batch in batches for m in batch][:count]
         want = 5 if size == "huge" else 20
         sample = set(range(0, count, max(1, count // want)))
+        log = self.gw.logs / "envoy.log"
+        log_start = log.stat().st_size if log.exists() else 0
+        before = snapshot(self.gw)
         result = run_paced(url, path, ctype, [m.body for m in messages], rate, self.connections, sample,
                            ca=self.gw.opts.certs / "ca.pem")  # fmt: skip
+        after = snapshot(self.gw)
         point.paced_rate, point.paced_sent = rate, result.sent
+        time.sleep(1.2)  # Envoy flushes its access log every second (wsgate up: --file-flush-interval-msec)
+        if log.exists():
+            with log.open() as f:
+                f.seek(log_start)
+                point.extproc_ms, logged = extproc_latencies(f, point.route)
+            for (route, stage), total in after.stages.items():
+                if route == point.route and logged:
+                    point.paced_stages_ms[stage] = (total - before.stages.get((route, stage), 0.0)) / logged * 1000
         point.paced_p50_ms = percentile(result.latencies_ms, 50)
         point.paced_p99_ms = percentile(result.latencies_ms, 99)
         point.paced_max_ms = max(result.latencies_ms, default=float("nan"))
@@ -703,6 +747,24 @@ def report(points: list[Point], out: IO[str]) -> None:
             file=out,
         )
 
+    tripped = [p for p in points if p.extproc_ms]
+    if tripped:
+        print(
+            "\nThe ext_proc hop at the paced rate, ms per request: Envoy's latency of each phase (message sent to the "
+            "filter's answer), the worker's stages inside them, and the rest -- the gRPC round trips themselves",
+            file=out,
+        )
+        header = ["profile/size", *EXTPROC_PHASES.values(), "stages", "round trips", "round trips %"]
+        rows = []
+        for p in sorted(tripped, key=lambda x: (profiles.index(x.profile), sizes.index(x.size))):
+            hop = sum(p.extproc_ms.values())
+            rows.append([
+                f"{p.profile} {p.size}", *(f"{p.extproc_ms.get(k, 0.0):.3f}" for k in EXTPROC_PHASES),
+                f"{sum(p.paced_stages_ms.values()):.3f}", f"{p.round_trip_ms:.3f}",
+                f"{100 * p.round_trip_ms / hop:.0f}%" if hop else "-",
+            ])  # fmt: skip
+        print(_table(header, rows), file=out)
+
     print("\nTargets (reported, never asserted)", file=out)
     for label, prof, size, metric, bound, higher in TARGETS:
         p = at.get((prof, size))
@@ -749,7 +811,8 @@ def report(points: list[Point], out: IO[str]) -> None:
         )
 
 
-CSV_FIELDS = [f for f in Point.__dataclass_fields__ if f not in ("stages_ms", "faults", "envoy_problems", "notes")]
+_DICTS = ("stages_ms", "paced_stages_ms", "extproc_ms", "faults", "envoy_problems", "notes")
+CSV_FIELDS = [f for f in Point.__dataclass_fields__ if f not in _DICTS]
 STAGES = ("parse", "security_header", "secure", "serialize")
 
 
@@ -759,12 +822,14 @@ def write_csv(points: list[Point], path: Path) -> None:
     stage_cols = [f"stage_{s}_ms" for s in (*STAGES, *extra)]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow([*CSV_FIELDS, *stage_cols, "faults", "envoy_problems", "notes"])
+        trip_cols = [f"extproc_{k}_ms" for k in EXTPROC_PHASES]
+        w.writerow([*CSV_FIELDS, *stage_cols, *trip_cols, "round_trip_ms", "faults", "envoy_problems", "notes"])
         for p in points:
             d = asdict(p)
             w.writerow([
                 *(round(d[k], 3) if isinstance(d[k], float) else d[k] for k in CSV_FIELDS),
                 *(round(p.stages_ms.get(c[6:-3], 0.0), 4) for c in stage_cols),
+                *(round(p.extproc_ms.get(k, 0.0), 4) for k in EXTPROC_PHASES), round(p.round_trip_ms, 4),
                 ";".join(f"{k}={v}" for k, v in sorted(p.faults.items())),
                 ";".join(f"{k}={v}" for k, v in sorted(p.envoy_problems.items())),
                 " | ".join(p.notes),

@@ -52,14 +52,32 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     assert p.verified > 0 and p.verify_failures == 0, text
     assert p.filter_cpu_us > 0 and p.envoy_cpu_us > 0
     assert p.stages_ms.get("security_header", 0) > 0  # the workers' Prometheus histograms were read
+    # Envoy's access log gave every ext_proc phase's latency, and the stages fit inside them.
+    assert set(p.extproc_ms) == {"rh", "rb", "sh", "sb"}, text
+    assert 0 < sum(p.paced_stages_ms.values()) < sum(p.extproc_ms.values())
     for heading in ("Throughput at saturation", "Latency at a fixed moderate rate", "Gateway CPU per request",
-                    "Where the filter's time goes", "Targets"):  # fmt: skip
+                    "Where the filter's time goes", "The ext_proc hop at the paced rate", "Targets"):  # fmt: skip
         assert heading in text
     assert "hmac throughput, 1 KB" in text
     rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
     assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
     assert float(rows[0]["rps"]) > 0 and float(rows[0]["gateway_cpu_us"]) > 0
+    assert float(rows[0]["extproc_rb_ms"]) > 0 and float(rows[0]["round_trip_ms"]) > 0
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
+
+
+def test_extproc_latencies_from_envoys_access_log() -> None:
+    lines = [
+        '[t] "POST /hmac/demo HTTP/1.1" 200 via_upstream 9 9 3ms route=hmac upstream=x peer="-" '
+        "extproc=rh:1000:0,rb:1:600:0,sh:300:0,sb:1:400:0,bs:917,br:84,os:0,ds:wsgate_filter\n",
+        '[t] "POST /hmac/demo HTTP/1.1" 500 wsgate_fault 0 234 2ms route=hmac upstream=- peer="-" '
+        "extproc=rh:2000:0,rb:1:800:0,bs:340,br:352,os:0,ds:wsgate_filter\n",
+        '[t] "POST /xml/demo HTTP/1.1" 200 via_upstream 9 9 3ms route=xml upstream=x peer="-" extproc=rh:5:0\n',
+        '[t] "GET /plain/ HTTP/1.1" 200 via_upstream 9 9 1ms route=hmac upstream=x peer="-" extproc=-\n',
+    ]
+    means, n = bench.extproc_latencies(lines, "hmac")
+    assert n == 2  # the other route's line and the line without ext_proc do not count
+    assert means == {"rh": 1.5, "rb": 0.7, "sh": 0.15, "sb": 0.2}
 
 
 @pytest.fixture(scope="module")
