@@ -1,4 +1,4 @@
-"""Prometheus metrics of a filter worker: requests, fault reasons, replays and per-stage timings."""
+"""Prometheus metrics of a filter worker: requests, fault reasons, replays, optimizations and per-stage timings."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ from gateway.policy import Route
 REQUESTS = Counter("wsgate_requests", "Exchanges processed by the filter", ["route", "profile", "phase", "outcome"])
 FAULTS = Counter("wsgate_faults", "Refusals by precise reason code", ["route", "profile", "reason"])
 REPLAYS = Counter("wsgate_replays", "Replayed messages refused", ["route", "profile"])
+OPTIMIZATIONS = Counter(
+    "wsgate_optimizations",
+    "What the signature optimizations did (gateway.policy.Optimizations): hits, misses, fallbacks to xmlsec",
+    ["route", "profile", "optimization", "outcome"],
+)
 STAGE = Histogram(
     "wsgate_stage_seconds",
     "Time per processing stage",
