@@ -279,11 +279,13 @@ def _register(ctx: xmlsec.SignatureContext, el: etree._Element, value: str) -> N
 
 
 def _exclusive_prefixes(el: etree._Element) -> list[str] | None:
-    """The PrefixList of an exclusive C14N (without comments) method or transform; None for any other."""
+    """The PrefixList of an exclusive C14N (without comments) method or transform that c14n.canonical does;
+    None for any other."""
     if el.get("Algorithm") != T.EXCL_C14N.href:
         return None
     inclusive = _children(el)  # nothing or one InclusiveNamespaces (_check_c14n_children)
-    return (inclusive[0].get("PrefixList") or "").split() if inclusive else []
+    prefixes = (inclusive[0].get("PrefixList") or "").split() if inclusive else []
+    return prefixes if c14n.direct(prefixes) else None
 
 
 def _direct_reference(ref: etree._Element) -> tuple[list[str], str, bytes] | None:
@@ -505,7 +507,7 @@ class Signer:
 
         ctx = xmlsec.SignatureContext()
         ctx.key = self._key
-        if optimizations is not None:
+        if optimizations is not None and all(c14n.direct(p) for p in (info_prefixes, *(d[2] for d in digest_values))):
             for holder, el, prefixes in digest_values:
                 # Tokens of the Security header (the Timestamp...) are per message: never worth prehashing.
                 got = optimizations.digest(el, prefixes, self.digest, cacheable=el.getparent() is not security)
