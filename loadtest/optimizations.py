@@ -304,6 +304,19 @@ def print_alpha(alphas: Sequence[Alpha], profile: str, out: TextIO) -> None:
               f"{1 - a.cost_c14n:15.2f} {a.form_us:8,.0f} {a.per_reference_break_even:17.2f}  {measured}", file=out)  # fmt: skip
 
 
+def bench_policies(certs: Path) -> PolicySet:
+    """loadtest/policies/bench.yaml with its keys from `certs`."""
+    saved = os.environ.get("WSGATE_BENCH_CERTS")
+    os.environ["WSGATE_BENCH_CERTS"] = str(certs)
+    try:
+        return load_dir(BENCH_POLICIES)
+    finally:
+        if saved is None:
+            del os.environ["WSGATE_BENCH_CERTS"]
+        else:
+            os.environ["WSGATE_BENCH_CERTS"] = saved
+
+
 def run(
     profiles: Sequence[str] = PROFILES,
     sizes: Sequence[str] = SIZES,
@@ -314,8 +327,7 @@ def run(
     """Print the tables; `scale` multiplies the exchange counts (the smoke test runs a tiny fraction)."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = certs or pki.init(Path(tmp) / "pki")
-        os.environ["WSGATE_BENCH_CERTS"] = str(folder)
-        policies: PolicySet = load_dir(BENCH_POLICIES)
+        policies = bench_policies(folder)
         rows: list[Row] = []
         counts = {s: max(2, round(COUNTS[s] * scale)) for s in sizes}
         for profile in profiles:
