@@ -23,7 +23,7 @@ from lxml import etree
 # Policy digest names -> hashlib names (the algorithms signature.DIGEST_METHODS allows).
 HASHES = {"sha256": "sha256", "sha1": "sha1"}
 # Re-reads the gateway's own serialization of an element that passed threat protection already.
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=True)
+_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=True, collect_ids=False)
 
 
 def direct(prefixes: Sequence[str]) -> bool:
