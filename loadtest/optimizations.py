@@ -5,7 +5,7 @@ routes, loadtest/policies/bench.yaml) take secured requests from loadtest.messag
 ids, signature and nonce per message, as the load test sends), the demo backend answers (gateway.demo_backend:
 an echo of the request, or the same 1 MB query result every time), and the pipeline secures the answer.
 One exchange = request + response, CPU time of this process (time.process_time); the configurations take turns
-message by message and each gets the median of its turns, so load from other processes hits them alike. Each
+message by message (in a shuffled order) and each gets the median of its turns, so load from other processes hits them alike. Each
 configuration has its own replay store, so the same pre-generated messages serve them all.
 
 Rows: `direct_c14n` is measured against xmlsec's reference processing (everything off); each of the papers'
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -107,13 +108,16 @@ def exchange(pl: SecuredPipeline, body: bytes) -> None:
 
 
 def measure(configs: Sequence[Config], traffic: Traffic) -> None:
-    """Every configuration handles every request once, the configurations taking turns message by message (in a
-    rotating order), so load from other processes on the machine falls on all of them alike."""
+    """Every configuration handles every request once, the configurations taking turns message by message in a
+    shuffled order (a fixed cyclic order made the one after xmlsec pay for what xmlsec left behind), so load
+    from other processes on the machine falls on all of them alike."""
     for c in configs:  # warm-up: keys parsed, code paths taken once
         exchange(c.pipeline, traffic.requests[0])
-    for i, body in enumerate(traffic.requests[1:]):
-        for k in range(len(configs)):
-            c = configs[(i + k) % len(configs)]
+    order = list(configs)
+    shuffle = random.Random(len(traffic.requests)).shuffle
+    for body in traffic.requests[1:]:
+        shuffle(order)
+        for c in order:
             t0 = time.process_time()
             exchange(c.pipeline, body)
             c.samples.append(time.process_time() - t0)
