@@ -7,7 +7,7 @@ of the one deterministic function reference processing computes, element -> dige
 form, keyed by a SHA-256 of the element's self-contained serialization (c14n.received_form) with the C14N
 parameters and the digest algorithm. Equal keys mean equal elements (namespaces in scope included), hence equal
 canonical forms: a hit is the digest of the element received, computed from its own bytes, never one that was
-merely claimed. What it saves is the canonicalization minus the serialization (about a third of it).
+merely claimed. What it saves is the canonicalization minus the serialization (about half of it).
 
 It decides nothing: the digest it returns is compared with the signed DigestValue like a computed one, and the
 SignatureValue over the message's own SignedInfo (with its fresh Timestamp reference), the timestamp and the
@@ -15,7 +15,8 @@ replay checks all still run. Entries are added only after a signature verified, 
 cannot fill it, and it is bounded (LRU), one per route and worker.
 
 On the receiving side a hit needs the same signed element twice, wsu:Id included; clients that draw ids at
-random (ours, WSS4J) never repeat one. `prehashing` uses the same memo for the responses the gateway signs."""
+random (ours, WSS4J) never repeat one. Prehashing (filters/optimizations.py) uses the same memo for the
+responses the gateway signs."""
 
 from __future__ import annotations
 
@@ -23,16 +24,13 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from lxml import etree
-
-from filters import c14n
-
 Key = tuple[bytes, tuple[str, ...], str]
 
 
-def key(el: etree._Element, prefixes: Sequence[str], algorithm: str) -> Key:
-    """What identifies the canonical form of `el`: its serialization's SHA-256 and the C14N parameters."""
-    return hashlib.sha256(c14n.received_form(el)).digest(), tuple(prefixes), algorithm
+def key(form: bytes, prefixes: Sequence[str], algorithm: str) -> Key:
+    """What identifies an element's canonical form: the SHA-256 of its received form (c14n.received_form), the
+    C14N parameters, and which digest of it is remembered."""
+    return hashlib.sha256(form).digest(), tuple(prefixes), algorithm
 
 
 class DigestCache:

@@ -87,7 +87,7 @@ class Optimizations:
                     return True, None
                 self._count("on_demand_c14n", "recanonicalized")
             if cache is not None:
-                memo = hashlib.sha256(form).digest(), tuple(prefixes), algorithm
+                memo = digest_cache.key(form, prefixes, algorithm)
                 known = cache.get(memo)
                 self._count("digest_cache", "miss" if known is None else "hit")
                 if known is not None:
@@ -120,7 +120,7 @@ class Optimizations:
         """The digest value to sign for `el`: prehashed when an identical element was signed before."""
         if self.prehash is None or not cacheable:
             return c14n.digest(el, prefixes, algorithm)
-        memo = digest_cache.key(el, prefixes, algorithm)
+        memo = digest_cache.key(c14n.received_form(el), prefixes, algorithm)
         known = self.prehash.get(memo)
         self._count("prehash", "miss" if known is None else "hit")
         if known is not None:

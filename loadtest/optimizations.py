@@ -5,8 +5,8 @@ routes, loadtest/policies/bench.yaml) take secured requests from loadtest.messag
 ids, signature and nonce per message, as the load test sends), the demo backend answers (gateway.demo_backend:
 an echo of the request, or the same 1 MB query result every time), and the pipeline secures the answer.
 One exchange = request + response, CPU time of this process (time.process_time); the configurations take turns
-message by message (in a shuffled order) and each gets the median of its turns, so load from other processes hits them alike. Each
-configuration has its own replay store, so the same pre-generated messages serve them all.
+message by message (in a shuffled order) and each gets the median of its turns, so load from other processes
+hits them alike. Each configuration has its own replay store, so the same pre-generated messages serve them all.
 
 Rows: `direct_c14n` is measured against xmlsec's reference processing (everything off); each of the papers'
 optimizations against direct_c14n alone, the configuration it builds on. Rows marked "(repeated body)" and
@@ -79,7 +79,6 @@ class Row:
 
 @dataclass
 class Config:
-    name: str
     pipeline: SecuredPipeline
     samples: list[float] = field(default_factory=list)  # CPU seconds per exchange
 
@@ -200,9 +199,9 @@ def reformatted(body: bytes) -> bytes:
 
 def optimization_rows(profile: str, size: str, route: Route, factory: Factory, count: int) -> list[Row]:
     configs = {
-        "off": Config("off", pipeline_for(route, **OFF)),
-        "direct_c14n": Config("direct_c14n", pipeline_for(route, **BASE)),
-        **{o: Config(o, pipeline_for(route, **{**BASE, o: True})) for o in OPTIMIZATIONS[1:]},
+        "off": Config(pipeline_for(route, **OFF)),
+        "direct_c14n": Config(pipeline_for(route, **BASE)),
+        **{o: Config(pipeline_for(route, **{**BASE, o: True})) for o in OPTIMIZATIONS[1:]},
     }
     measure(list(configs.values()), load_traffic(factory, size, count))
     rows = [Row(profile, size, "direct_c14n", us(configs["off"]), us(configs["direct_c14n"]), None)]
@@ -221,8 +220,8 @@ def optimization_rows(profile: str, size: str, route: Route, factory: Factory, c
 def pair_row(profile: str, size: str, route: Route, optimization: str, traffic: Traffic) -> Row:
     """One optimization against direct_c14n alone, on `traffic`."""
     pair = [
-        Config("off", pipeline_for(route, **BASE)),
-        Config("on", pipeline_for(route, **{**BASE, optimization: True})),
+        Config(pipeline_for(route, **BASE)),
+        Config(pipeline_for(route, **{**BASE, optimization: True})),
     ]
     measure(pair, traffic)
     name = f"{optimization} ({traffic.label})"
@@ -305,7 +304,8 @@ def print_alpha(alphas: Sequence[Alpha], profile: str, out: TextIO) -> None:
     for a in alphas:
         measured = ", ".join(f"{k} {v:.0%}" for k, v in a.alphas.items())
         print(f"{SIZE_LABELS[a.size]:10} {a.request_us:10,.0f} {a.c14n_us:8,.0f} {a.cost_c14n:9.1%} "
-              f"{1 - a.cost_c14n:15.2f} {a.form_us:8,.0f} {a.per_reference_break_even:17.2f}  {measured}", file=out)  # fmt: skip
+              f"{1 - a.cost_c14n:15.2f} {a.form_us:8,.0f} {a.per_reference_break_even:17.2f}  {measured}",
+              file=out)  # fmt: skip
 
 
 def bench_policies(certs: Path) -> PolicySet:

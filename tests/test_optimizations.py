@@ -224,7 +224,8 @@ CLIENTS = {
     "rsa-encrypted": ({"encryption": {"require_request": True, "encrypt_response": True}}, {}),
     "hmac-psk": ({}, {"key_name": "demo-client"}),
     "hmac-symmetric-binding": ({"encryption": {"require_request": True, "encrypt_response": True}}, {}),
-    "username": ({"username_token": {"required": True, "users_file": "USERS"}, "signature": {"parts": ["body", "timestamp", "username_token"]}},
+    "username": ({"username_token": {"required": True, "users_file": "USERS"},
+                  "signature": {"parts": ["body", "timestamp", "username_token"]}},
                  {"user": "bob", "password": "bob-demo-password"}),
 }  # fmt: skip
 
@@ -462,7 +463,9 @@ TAMPERS: dict[str, tuple[Callable[[Warm], bytes], dict[str, str]]] = {
         _accepted_body_under_another_signature, {"hmac": "FailedCheck", "rsa": "FailedCheck"}
     ),
     "digest-value-swapped": (_digest_value_swapped, {"hmac": "FailedCheck"}),
-    "digest-value-swapped-and-signed": (_digest_value_swapped_and_signed, {"hmac": "FailedCheck", "rsa": "FailedCheck"}),
+    "digest-value-swapped-and-signed": (
+        _digest_value_swapped_and_signed, {"hmac": "FailedCheck", "rsa": "FailedCheck"}
+    ),
     "signature-value-swapped": (_signature_value_swapped, {"hmac": "FailedCheck", "rsa": "FailedCheck"}),
     "signed-with-another-key": (_signed_with_another_key, {"hmac": "FailedCheck", "rsa": "FailedAuthentication"}),
     "truncated-signature-value": (_truncated_signature_value, {"hmac": "FailedCheck"}),
@@ -585,7 +588,8 @@ def test_same_body_in_other_namespaces_never_gets_a_stale_digest(pki: Path) -> N
         plain = echo("same").replace(b"<soap:Envelope ", f'<soap:Envelope xmlns:x="{uri}" '.encode())
         env = parse_envelope(plain, Limits())
         wssecurity.secure(env, datetime.now(UTC), timestamp_ttl_s=300,
-                          sign=wssecurity.SignWith(signer, lambda: keys.key_name("demo-client"), optimizations=opts))  # fmt: skip
+                          sign=wssecurity.SignWith(signer, lambda: keys.key_name("demo-client"),
+                                                   optimizations=opts))  # fmt: skip
         reply = env.serialize()
         digests.append(body_digest(reply))
         sig = find(env.root, f".//{{{DS}}}Signature")
