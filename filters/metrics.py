@@ -1,4 +1,5 @@
-"""Prometheus metrics of a filter worker: requests, fault reasons, replays, per-stage timings, body bytes in flight."""
+"""Prometheus metrics of a filter worker: requests, fault reasons, replays, optimizations, per-stage timings,
+body bytes in flight."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ FAULTS = Counter("wsgate_faults", "Refusals by precise reason code", ["route", "
 REPLAYS = Counter("wsgate_replays", "Replayed messages refused", ["route", "profile"])
 BODY_BYTES = Gauge("wsgate_body_bytes_in_flight", "Body bytes reserved by the exchanges in flight (filters/budget.py)")
 BODY_BUDGET = Gauge("wsgate_body_budget_bytes", "The worker's budget of body bytes in flight")
+OPTIMIZATIONS = Counter(
+    "wsgate_optimizations",
+    "What the signature optimizations did (gateway.policy.Optimizations): hits, misses, fallbacks to xmlsec",
+    ["route", "profile", "optimization", "outcome"],
+)
 STAGE = Histogram(
     "wsgate_stage_seconds",
     "Time per processing stage",

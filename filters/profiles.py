@@ -18,6 +18,7 @@ from lxml import etree
 from filters import encryption, faults, keys, metrics, ns, replay, signature, wssecurity
 from filters import secure_conversation as sc
 from filters.engine import Exchange, Outcome, RoutePipeline
+from filters.optimizations import Optimizations
 from filters.soap import Envelope
 from filters.threat_protection import check_structure, parse_envelope
 from filters.username_token import Users
@@ -66,9 +67,11 @@ class SecuredPipeline(RoutePipeline):
             body_encrypted=route.encryption.require_request,
             limits=route.limits,
         )
+        self.optimizations = Optimizations.for_route(route)
         self.credentials = wssecurity.Credentials(
             users=Users.load(route.username_token.users_file) if route.username_token.users_file else None,
             replay=replay_store(route),
+            optimizations=self.optimizations,
         )
         x509 = route.profile != "hmac"
         opts = route.rsa if x509 else route.hmac
@@ -131,6 +134,7 @@ class SecuredPipeline(RoutePipeline):
                     signer=self.signer,
                     key_info=lambda: keys.str_reference(bst_id, ns.X509V3),
                     certificate=self.certificate,
+                    optimizations=self.optimizations,
                 )
             encrypt = None
             if route.encryption.encrypt_response:
@@ -145,7 +149,7 @@ class SecuredPipeline(RoutePipeline):
         sign = None
         if route.hmac.sign_response:
             sign = wssecurity.SignWith(signer=signature.Signer(secret, _hmac_algorithm(route), _digest(route)),
-                                       key_info=key_info)  # fmt: skip
+                                       key_info=key_info, optimizations=self.optimizations)  # fmt: skip
         encrypt = None
         if route.encryption.encrypt_response:
             encrypt = wssecurity.EncryptFor(
@@ -225,10 +229,15 @@ class SecureConversationPipeline(SecuredPipeline):
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
         if verified.context is None:  # the reply to an Issue request: as on an `rsa` route
             return super().response_security(verified)
-        return context_security(verified.context, self.route, encrypt=self.route.encryption.encrypt_response)
+        return context_security(
+            verified.context, self.route, encrypt=self.route.encryption.encrypt_response,
+            optimizations=self.optimizations,
+        )  # fmt: skip
 
 
-def context_security(ctx: sc.Context, route: Route, *, encrypt: bool) -> ResponseSecurity:
+def context_security(
+    ctx: sc.Context, route: Route, *, encrypt: bool, optimizations: Optimizations | None = None
+) -> ResponseSecurity:
     """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this."""
     keys_ = sc.message_keys(ctx)
     dk = ctx.version.dk_token_type
@@ -236,6 +245,7 @@ def context_security(ctx: sc.Context, route: Route, *, encrypt: bool) -> Respons
     sign = wssecurity.SignWith(
         signer=signature.Signer(signing.key, _hmac_algorithm(route), _digest(route)),
         key_info=lambda: keys.str_reference(signing.id, dk),
+        optimizations=optimizations,
     )
     enc = None
     if encrypt:

@@ -25,6 +25,7 @@ from lxml import etree
 
 from filters import encryption, faults, keys, ns, signature, timestamp, username_token
 from filters import secure_conversation as sc
+from filters.optimizations import Optimizations
 from filters.replay import ReplayCache
 from filters.soap import Envelope
 from filters.threat_protection import Limits
@@ -72,6 +73,7 @@ class Credentials:
     encrypted_keys: Mapping[str, bytes] = field(default_factory=dict)  # EncryptedKeySHA1 (base64) -> key we sent
     users: username_token.Users | None = None
     replay: ReplayCache | None = None
+    optimizations: Optimizations | None = None  # the route's signature optimizations (None: xmlsec throughout)
     # WS-SecureConversation: resolves the SCT references of one message (now, the header's SCTs by wsu:Id).
     contexts: Callable[[datetime, Mapping[str, sc.Sct]], sc.SctResolver] | None = None
 
@@ -308,7 +310,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
         # The certificate is trusted before its signature is worth checking.
         st.out.subject = st.creds.trust.validate(key, [], st.now)
         st.out.signer_certificate = key
-    verified = signature.verify(sig, st.env, key, st.req.signature)
+    verified = signature.verify(sig, st.env, key, st.req.signature, st.creds.optimizations)
     if st.creds.replay is not None and st.creds.replay.seen(b"sig:" + verified.signature_value, _replay_ttl(st)):
         raise faults.security("InvalidSecurity", "replay: signature value seen before")
     st.out.signed.extend(verified.elements)
@@ -437,6 +439,7 @@ class SignWith:
     signer: signature.Signer
     key_info: Callable[[], etree._Element] | None  # a fresh KeyInfo child per message; None: the binding's key
     certificate: x509.Certificate | None = None  # sent as a BinarySecurityToken (X.509 signatures)
+    optimizations: Optimizations | None = None  # the route's (prehashing); None: xmlsec signs it all
 
 
 @dataclass
@@ -541,7 +544,9 @@ def secure(
         key_info = sign.key_info or binding_ref
         if key_info is None:
             raise ValueError("a signature needs a key reference")
-        sig = sign.signer.sign(env, security, to_sign, key_info(), new_id=lambda: ids("id"))
+        sig = sign.signer.sign(
+            env, security, to_sign, key_info(), new_id=lambda: ids("id"), optimizations=sign.optimizations
+        )
         security.remove(sig)
         security.insert(0, sig)
         if sign.certificate is not None:

@@ -3,7 +3,8 @@
 - loadtest/bench.py: one profile at one size for about a second prints its tables and writes bench.csv/.png;
 - loadtest/large.py: a run with tiny messages prints its rows and the over-budget refusals;
 - loadtest/locustfile.py: every user class, run headless against a real gateway, has its messages accepted and
-  its replies verified; the message factory's check refuses a replay and a wrong reply."""
+  its replies verified; the message factory's check refuses a replay and a wrong reply;
+- loadtest/optimizations.py: a tiny run prints every row, with the hit rates the traffic implies."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 import requests
 import yaml
 
-from loadtest import bench, large
+from loadtest import bench, large, optimizations
 from loadtest.messages import PROFILES, CheckFailed, Factory
 from tests.harness import running_gateway
 
@@ -152,3 +153,24 @@ def test_large_smoke(tmp_path: Path, pki: Path, capsys: pytest.CaptureFixture[st
     assert "refused or wrong" not in out
     assert "Over budget: 1 worker with a body budget of 1 MiB" in out
     assert "answered 200 and verified:" in out and 'wsgate_faults_total{reason="busy"}' in out
+
+
+def test_optimizations_smoke(pki: Path) -> None:
+    out = io.StringIO()
+    rows = optimizations.run(profiles=["hmac"], sizes=["small", "huge"], scale=0.01, certs=pki, out=out)
+    text = out.getvalue()
+    assert [(r.size, r.optimization) for r in rows] == [
+        *(("small", o) for o in optimizations.OPTIMIZATIONS),
+        ("small", "digest_cache (repeated body)"),
+        ("small", "on_demand_c14n (canonical sender)"),
+        *(("huge", o) for o in optimizations.OPTIMIZATIONS),
+    ]
+    assert all(r.off_us > 0 and r.on_us > 0 for r in rows)
+    rate = {(r.size, r.optimization): r.hit_rate for r in rows}
+    # The load test's traffic: fresh ids and Timestamps, never canonical; identical 1 MB query results.
+    assert rate[("small", "on_demand_c14n")] == rate[("small", "digest_cache")] == rate[("small", "prehash")] == 0
+    assert rate[("small", "on_demand_c14n (canonical sender)")] == 1
+    assert rate[("small", "digest_cache (repeated body)")] > 0 and rate[("huge", "prehash")] > 0
+    assert "hmac     1 KB       direct_c14n" in text and "hmac     1 MB resp  prehash" in text
+    assert "our client 0%, canonical sender 100%" in text
+    assert "Differential parsing prototype" in text and "response 1 MB resp" in text
