@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 from lxml import etree
 
+from filters import metrics
+
 # Policy digest names -> hashlib names (the algorithms signature.DIGEST_METHODS allows).
 HASHES = {"sha256": "sha256", "sha1": "sha1"}
 # Re-reads the gateway's own serialization of an element that passed threat protection already.
@@ -31,6 +33,7 @@ def direct(prefixes: Sequence[str]) -> bool:
     return "#default" not in prefixes
 
 
+@metrics.timed("c14n")
 def canonical(el: etree._Element, prefixes: Sequence[str]) -> bytes:
     """Exclusive C14N 1.0 (without comments) of `el`; `prefixes`: the InclusiveNamespaces PrefixList."""
     if not prefixes:
@@ -42,6 +45,7 @@ def canonical(el: etree._Element, prefixes: Sequence[str]) -> bytes:
                           inclusive_ns_prefixes=list(prefixes))  # fmt: skip
 
 
+@metrics.timed("digest")
 def digest(el: etree._Element, prefixes: Sequence[str], algorithm: str) -> bytes:
     """The DigestValue (raw bytes) of a reference to `el` with one exclusive C14N transform."""
     return hashlib.new(HASHES[algorithm], canonical(el, prefixes)).digest()

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
-from filters import faults, threat_protection
+from filters import faults, metrics, threat_protection
 from filters.ns import DS, XENC, XENC11, q
 from filters.threat_protection import Limits
 
@@ -209,6 +209,7 @@ def _key_transport_padding(method: etree._Element, transport: str) -> padding.As
     return padding.OAEP(mgf=padding.MGF1(_HASHES[mgf]()), algorithm=_HASHES[digest](), label=label)
 
 
+@metrics.timed("decrypt")
 def decrypt_key(
     ek: etree._Element,
     private_key: rsa.RSAPrivateKey,
@@ -246,6 +247,7 @@ def decrypt_key(
     return key
 
 
+@metrics.timed("encryption")
 def encrypt_key(
     key: bytes,
     certificate: x509.Certificate,
@@ -322,6 +324,7 @@ def _decrypt(alg: _DataAlgorithm, key: bytes, data: bytes) -> tuple[bytes, ...]:
     return (head, last[: BLOCK - pad])
 
 
+@metrics.timed("decrypt")
 def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits: Limits) -> list[etree._Element]:
     """Decrypt an xenc:EncryptedData in place: the plaintext nodes replace it in the tree.
 
@@ -401,6 +404,7 @@ def _encrypt(alg: _DataAlgorithm, key: bytes, parts: list[bytes]) -> bytes:
     return base64.b64encode(view[:total])
 
 
+@metrics.timed("encryption")
 def encrypt_content(
     el: etree._Element, key: bytes, algorithm: str, id: str, key_info: etree._Element | None
 ) -> etree._Element:

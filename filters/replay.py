@@ -18,7 +18,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from filters import faults
+from filters import faults, metrics
 
 DIGEST_BYTES = 16  # 128 bits: collisions are out of reach at any size the store can hold
 
@@ -58,6 +58,7 @@ class MemoryReplayCache:
     def __len__(self) -> int:
         return len(self._expiry)
 
+    @metrics.timed("replay")
     def seen(self, key: bytes, ttl_s: float) -> bool:
         _check_ttl(ttl_s)
         now = self._clock()
@@ -88,6 +89,7 @@ class RedisReplayCache:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
         )
 
+    @metrics.timed("replay")
     def seen(self, key: bytes, ttl_s: float) -> bool:
         _check_ttl(ttl_s)
         name = self.prefix + _digest(key).hex().encode()

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
-from filters import c14n, faults, ns
+from filters import c14n, faults, metrics, ns
 from filters.soap import Envelope
 
 if TYPE_CHECKING:
@@ -345,6 +345,7 @@ def _verify_direct(
     return True
 
 
+@metrics.timed("signature_check")
 def verify(
     sig: etree._Element,
     env: Envelope,
@@ -461,6 +462,7 @@ class Signer:
         self._digest = DIGEST_METHODS[digest]
         self._key = _signing_key(key)
 
+    @metrics.timed("signature_creation")
     def sign(
         self,
         env: Envelope,
