@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--policies", type=Path, default=Path("policies"))
     up.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
     up.add_argument("--run-dir", type=Path, default=Path("run"))
-    up.add_argument("--workers", type=int, default=default_workers(), help="filter worker processes (cores - 1)")
+    up.add_argument("--workers", type=int, default=default_workers(), help="filter worker processes (one per core)")
     up.add_argument("--bind", default="127.0.0.1")
     up.add_argument("--http-port", type=int, default=8080)
     up.add_argument("--https-port", type=int, default=8443)

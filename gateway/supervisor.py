@@ -86,9 +86,11 @@ class Options:
 
 
 def default_workers() -> int:
-    """One filter worker per core but one: Envoy needs a core too. Measured on 2 cores: a second worker adds no
-    throughput (xml 1,268 vs 1,275 req/s, hmac 455 vs 451) and costs 14-17% more filter CPU per request."""
-    return max(1, (os.cpu_count() or 1) - 1)
+    """One filter worker per core. Measured on 2 cores (`make bench`, 1 KB): a second worker adds nothing on
+    xml and hmac (1,268 vs 1,275 and 455 vs 451 req/s) but 30-60% on the RSA profiles (rsa 306-337 -> 427-465,
+    rsa-encrypted 210-257 -> 336-361, secureconversation 305-366 -> 371-396 req/s): the work that holds a
+    worker's event loop longest, queueing the others' exchanges behind it, is what a second one takes."""
+    return os.cpu_count() or 1
 
 
 def free_ports(n: int) -> list[int]:

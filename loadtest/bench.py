@@ -989,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=200.0, help="paced rate, req/s (at most half the saturation)")
     p.add_argument("--threads", type=int, default=2, help="wrk threads (and message generator processes)")
     p.add_argument("--connections", type=int, default=16)
-    p.add_argument("--workers", type=int, default=None, help="filter workers (default: cores - 1)")
+    p.add_argument("--workers", type=int, default=None, help="filter workers (default: one per core)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--policies", type=Path, default=DEFAULT_POLICIES)
     p.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
