@@ -811,10 +811,16 @@ SctResolver = Callable[[SctRef], Context]
 
 def store_resolver(store: ContextStore, now: datetime, local: Mapping[str, Sct] | None = None) -> SctResolver:
     """Resolves SCT references of one message: '#id' through `local` (header_scts of its Security header),
-    Identifiers directly, then the live context from `store` (its faults)."""
+    Identifiers directly, then the live context from `store` (its faults). Each context once per message: its
+    derived keys (signature, encryption) name the same one, and a lookup may be a Redis round trip."""
+    found: dict[tuple[str, str], Context] = {}
 
     def resolve(ref: SctRef) -> Context:
-        return store.lookup(_identifier(ref, local, "UnknownDerivationSource"), ref.version, now)
+        identifier = _identifier(ref, local, "UnknownDerivationSource")
+        key = (identifier, ref.version.name)
+        if key not in found:
+            found[key] = store.lookup(identifier, ref.version, now)
+        return found[key]
 
     return resolve
 

@@ -111,6 +111,7 @@ class _State:
     decrypted: list[tuple[etree._Element, list[etree._Element], bool]] = field(default_factory=list)
     derived_ids: set[str] = field(default_factory=set)  # DerivedKeyTokens, by wsu:Id, whose keys are in secret_by_id
     scts: dict[str, sc.Sct] = field(default_factory=dict)
+    resolve: sc.SctResolver | None = None  # the message's one resolver: each context looked up once
     signatures: int = 0
     out: Verified = field(default_factory=Verified)
 
@@ -332,7 +333,9 @@ def _reply_reference(st: _State, ref: keys.KeyRef, secret: bytes) -> keys.KeyRef
 def _derived_key_token(st: _State, el: etree._Element) -> bool:
     if st.creds.contexts is None:
         raise faults.security("InvalidSecurity", "DerivedKeyToken on a route without security contexts")
-    ck = sc.derive(el, st.creds.contexts(st.now, st.scts))
+    if st.resolve is None:
+        st.resolve = st.creds.contexts(st.now, st.scts)
+    ck = sc.derive(el, st.resolve)
     if not ck.id:
         raise faults.security("InvalidSecurity", "DerivedKeyToken without wsu:Id")
     if st.out.context is not None and st.out.context.identifier != ck.context.identifier:

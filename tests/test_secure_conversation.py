@@ -444,8 +444,22 @@ def test_issue_use_cancel(
     assert sc.read_cancel_rstr(reparsed(reply)) is version
     with refused("BadContextToken", version.wsc):
         store.lookup(ctx.identifier, version, NOW)
-    with refused("BadContextToken", version.wsc):
-        sc.derive(reparsed(mine.signing.element), resolve)
+    with refused("BadContextToken", version.wsc):  # the next message's resolver
+        sc.derive(reparsed(mine.signing.element), sc.store_resolver(store, NOW))
+
+
+def test_one_lookup_per_context_per_message(client_key: rsa.RSAPrivateKey, client_cert: x509.Certificate) -> None:
+    # Both derived keys of a message name the same context: one store lookup (with Redis, one round trip).
+    store = sc.MemoryContextStore(LIFETIME, 10)
+    _, got = issue(store, sc.VERSIONS[0], client_key, client_cert, entropy=os.urandom(32))
+    lookups: list[str] = []
+    lookup = store.lookup
+    store.lookup = lambda identifier, version, now: lookups.append(identifier) or lookup(identifier, version, now)  # type: ignore[method-assign]
+    resolve = sc.store_resolver(store, NOW)
+    mine = sc.message_keys(got.context)
+    for dk in (mine.signing, mine.encryption):
+        assert sc.derive(reparsed(dk.element), resolve).key == dk.key
+    assert lookups == [got.context.identifier]
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
