@@ -24,7 +24,7 @@ from filters import faults, metrics
 from filters.budget import Budget, Ticket
 from filters.engine import Engine, Exchange, Outcome, fault_soap_version
 from filters.xmlsupport import check_libxml2
-from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, check_body_budget, load_dir
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, MAX_BODY_BYTES, PolicyError, check_body_budget, load_dir
 
 log = logging.getLogger("wsgate.filter")
 
@@ -182,12 +182,10 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-def max_message_bytes(state: State) -> int:
-    limits = [
-        max(p.route.limits.max_body_bytes, p.route.response_limits.max_body_bytes)
-        for p in state.engine.pipelines.values()
-    ]
-    return max([*limits, 4 * 1024 * 1024]) + 64 * 1024
+# The largest body any policy may allow, not the current policies' largest: a worker's gRPC limits are fixed when
+# it starts, and a reload that raises a route's limit must not fail its larger messages until a restart.
+# The body budget and Envoy's per-route buffers bound what actually arrives.
+MAX_MESSAGE_BYTES = MAX_BODY_BYTES + 64 * 1024
 
 
 async def serve(
@@ -195,7 +193,7 @@ async def serve(
     body_budget_bytes: int = DEFAULT_BODY_BUDGET_MB * 1024 * 1024,
 ) -> None:  # fmt: skip
     state = State(policies_dir, Budget(body_budget_bytes))
-    server = grpc.aio.server(options=grpc_options(max_message_bytes(state)))
+    server = grpc.aio.server(options=grpc_options(MAX_MESSAGE_BYTES))
     pb_grpc.add_ExternalProcessorServicer_to_server(Processor(state), server)
     if server.add_insecure_port(listen) == 0:
         raise SystemExit(f"cannot listen on {listen}")

@@ -56,10 +56,13 @@ class Upstream(Strict):
 DEFAULT_BODY_BUDGET_MB = 48
 
 
+MAX_BODY_BYTES = 64 * 1024 * 1024  # the largest body limit a policy may set
+
+
 class Limits(Strict):
     """XML threat protection limits; the defaults are safe for ordinary SOAP traffic."""
 
-    max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0, le=MAX_BODY_BYTES)
     max_depth: int = Field(default=64, gt=2, le=256)
     max_elements: int = Field(default=200_000, gt=0)
     max_attributes: int = Field(default=32, gt=0)

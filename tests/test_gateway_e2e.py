@@ -305,6 +305,24 @@ def test_policy_change_applies_without_restart(tmp_path: Path, pki: Path) -> Non
         assert len(statuses) > 10 and set(statuses) == {200}
 
 
+def test_reload_raising_a_body_limit_needs_no_restart(tmp_path: Path, pki: Path) -> None:
+    # The workers' gRPC limits are fixed at start: they are the schema's largest, not the first policies'.
+    routes = [{"name": "xml", "match": {"path_prefix": "/"}, "upstream": {"address": "BACKEND"}, "profile": "xml",
+               "limits": {"max_body_bytes": 1024 * 1024}, "response_limits": {"max_body_bytes": 1024 * 1024}}]  # fmt: skip
+    big = envelope(f'<d:echo xmlns:d="{DEMO}">' + "<d:text>" + "x" * 3_000_000 + "</d:text>" * 1 + "<d:text>"
+                   + "y" * 3_000_000 + "</d:text></d:echo>")  # fmt: skip
+    with running_gateway(tmp_path, routes, pki) as g:
+        assert post(g, "/echo", big).status_code == 413
+        policy = g.opts.policies / "routes.yaml"
+        policy.write_text(policy.read_text().replace("1048576", str(8 * 1024 * 1024)))
+        assert g.reload_if_changed() is True
+        deadline = time.monotonic() + 10
+        while (r := post(g, "/echo", big)).status_code == 413 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert r.status_code == 200, r.text[:300]
+        assert len(r.content) > 6_000_000
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_worker_recycling_drops_nothing(tmp_path: Path, pki: Path, workers: int) -> None:
     """A worker grown past its memory limit is replaced under traffic: every request still succeeds."""
