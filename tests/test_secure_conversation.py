@@ -1097,3 +1097,35 @@ def test_demo_pki_master_keys_load(pki: Path) -> None:
     (key,) = sc.load_master_keys(pki / "sct-master-keys.yaml")
     assert key.id == "k1" and len(key.key) == 32
     assert "key=" not in repr(key)
+
+
+def test_pipeline_looks_a_context_up_once_per_message(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A message in a context carries two derived keys (signature, encryption) naming it: one lookup, which with
+    # Redis is one round trip for the cancellation check.
+    from filters.engine import Exchange
+    from filters.profiles import SecureConversationPipeline
+    from gateway.client import Client, ClientConfig
+    from gateway.policy import Route
+    from tests.wss_helpers import echo, echo_response, route_doc
+
+    monkeypatch.delenv("WSGATE_REDIS_URL", raising=False)
+    doc = route_doc(pki, "secureconversation", name="sc",
+                    secureconversation={"store": "sealed", "master_keys_file": str(pki / "sct-master-keys.yaml")},
+                    encryption={"require_request": True, "encrypt_response": True})  # fmt: skip
+    doc["upstream"] = {"address": "127.0.0.1:1"}
+    route = Route.model_validate(doc)
+    pl = SecureConversationPipeline(route)
+    client = Client(route, ClientConfig(certs=pki))
+    client.establish(lambda body, ctype: pl.request(body, {"x-forwarded-proto": "https"}, Exchange(route=route)).body)
+    lookups: list[str] = []
+    lookup = pl.store.lookup
+    monkeypatch.setattr(pl.store, "lookup", lambda i, v, now: lookups.append(i) or lookup(i, v, now))
+    secured, pending = client.secure(echo("once"))
+    assert secured.count(b"DerivedKeyToken ") >= 2
+    ex = Exchange(route=route)
+    forwarded = pl.request(secured, {}, ex).body
+    assert forwarded is not None and b"once" in forwarded
+    assert lookups == [client.context.identifier]
+    reply = pl.response(echo_response(forwarded), ex).body
+    assert reply is not None
+    assert client.open(reply, pending).body.findtext(".//{urn:wsgate:demo}text") == "once"
