@@ -121,12 +121,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):
                             "Only SOAP POST requests are accepted",
                         )
                     if req.request_headers.end_of_stream:
-                        raise faults.Fault(
-                            code="",
-                            reason="request without a body",
-                            message="A SOAP request needs a body",
-                            http_status=411,
-                        )
+                        raise faults.client("request without a body", "A SOAP request needs a body", status=411)
                     identity = pipeline.route.identity_header
                     spoofed = [k for k in headers if k.startswith(GATEWAY_HEADER_PREFIX) or k == identity]
                     yield pb.ProcessingResponse(

@@ -114,10 +114,7 @@ def _parse_incremental(data: bytes, limits: Limits, count_elements: bool = True)
         root = parser.close()
     except etree.XMLSyntaxError as exc:
         raise faults.client(f"malformed XML: {exc.msg}") from None
-    tree = root.getroottree()
-    if tree.docinfo.internalDTD is not None or tree.docinfo.doctype:
-        raise faults.client("DTD in message")
-    return check_structure(root)
+    return _envelope(root)
 
 
 @cache
@@ -146,6 +143,10 @@ def _parse_whole(data: bytes, limits: Limits) -> Envelope:
         raise faults.client(f"attribute count over {limits.max_attributes}")
     if found & 4:
         raise faults.client("processing instruction in message")
+    return _envelope(root)
+
+
+def _envelope(root: etree._Element) -> Envelope:
     tree = root.getroottree()
     if tree.docinfo.internalDTD is not None or tree.docinfo.doctype:
         raise faults.client("DTD in message")

@@ -202,6 +202,11 @@ class Route(Strict):
         return self.profile in XML_PROFILES
 
     @property
+    def detects_replays(self) -> bool:
+        """The WS-Security profiles remember signatures and nonces (filters/replay.py); `xml` has none."""
+        return self.touches_xml and self.profile != "xml"
+
+    @property
     def needs_tls_listener_only(self) -> bool:
         return self.profile == "tls"
 

@@ -246,9 +246,7 @@ class Gateway:
         (recycled, restarted after a crash), and a fresh process must not forget what the old one saw."""
         o = self.opts
         assert self.policies is not None
-        replay_auto = any(
-            r.touches_xml and r.profile != "xml" and r.replay.store == "auto" for r in self.policies.routes
-        )
+        replay_auto = any(r.detects_replays and r.replay.store == "auto" for r in self.policies.routes)
         wants_redis = any(
             (r.replay.store == "redis" and not r.replay.redis_url)
             or (r.profile == "secureconversation" and r.secureconversation.store == "redis"
@@ -287,7 +285,7 @@ class Gateway:
         if self.opts.workers < 2:
             return
         for r in self.policies.routes:
-            if r.touches_xml and r.profile != "xml" and r.replay.store == "memory":
+            if r.detects_replays and r.replay.store == "memory":
                 raise PolicyError(f"route {r.name}: replay store memory needs --workers 1 (use auto or redis)")
             if r.profile == "secureconversation" and r.secureconversation.store == "memory":
                 raise PolicyError(f"route {r.name}: context store memory needs --workers 1 (use sealed or redis)")

@@ -274,6 +274,15 @@ def extproc_latencies(lines: Iterable[str], route: str) -> tuple[dict[str, float
     return ({k: totals[k] / n for k in EXTPROC_PHASES if k in totals} if n else {}), n
 
 
+def _stages_ms(before: Snapshot, after: Snapshot, route: str, requests: int) -> dict[str, float]:
+    """The route's stage time per request, ms, between two snapshots."""
+    return {
+        stage: (total - before.stages.get((r, stage), 0.0)) / requests * 1000
+        for (r, stage), total in after.stages.items()
+        if r == route
+    }
+
+
 def snapshot(gw: Gateway) -> Snapshot:
     stages, faults = _worker_metrics(gw)
     envoy = _envoy_counters(gw)
@@ -594,10 +603,7 @@ class Bench:
         seconds = max(wrk.duration_s, 1e-9)
         point.other_cores = max(0.0, (after.machine[0] - before.machine[0] - ours) / seconds)
         point.softirq_cores = (after.machine[1] - before.machine[1]) / seconds
-        for (route, stage), total in after.stages.items():
-            if route == point.route:
-                delta = total - before.stages.get((route, stage), 0.0)
-                point.stages_ms[stage] = delta / n * 1000
+        point.stages_ms = _stages_ms(before, after, point.route, n)
         for (route, reason), total in after.faults.items():
             delta = int(total - before.faults.get((route, reason), 0.0))
             if route == point.route and delta:
@@ -628,9 +634,8 @@ class Bench:
             with log.open() as f:
                 f.seek(log_start)
                 point.extproc_ms, logged = extproc_latencies(f, point.route)
-            for (route, stage), total in after.stages.items():
-                if route == point.route and logged:
-                    point.paced_stages_ms[stage] = (total - before.stages.get((route, stage), 0.0)) / logged * 1000
+            if logged:
+                point.paced_stages_ms = _stages_ms(before, after, point.route, logged)
         point.paced_p50_ms = percentile(result.latencies_ms, 50)
         point.paced_p99_ms = percentile(result.latencies_ms, 99)
         point.paced_max_ms = max(result.latencies_ms, default=float("nan"))

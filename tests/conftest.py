@@ -1,9 +1,11 @@
-"""Shared fixtures: one demo PKI per test session (real keys, made with certs.pki)."""
+"""Shared fixtures: one demo PKI per test session (real keys, made with certs.pki), Redis, the client's clock."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,3 +25,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc, url = start_redis(tmp_path_factory.mktemp("redis"))
     yield url
     stop(proc)
+
+
+@pytest.fixture
+def client_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]:
+    """Move the client's clock (what it writes in Timestamp and UsernameToken Created); the gateway's stays."""
+
+    def shift(delta: timedelta) -> None:
+        class Shifted(datetime):
+            @classmethod
+            def now(cls, tz: Any = None) -> Any:
+                return datetime.now(tz) + delta
+
+        monkeypatch.setattr("gateway.client.datetime", Shifted)
+
+    return shift

@@ -42,7 +42,7 @@ from filters.threat_protection import parse_envelope
 from gateway.client import Client, ClientConfig
 from gateway.policy import Limits, Route, SignaturePolicy
 from loadtest.optimizations import canonical_sender
-from tests.wss_helpers import DEMO, client_for, echo, echo_response, make_route, route_doc
+from tests.wss_helpers import DEMO, client_for, echo, echo_response, make_route, round_trip, route_doc
 
 SOAP11 = ns.SOAP11
 WSU_ID = ns.q(ns.WSU, "Id")
@@ -242,13 +242,8 @@ def test_every_profile_is_verified_and_signed_directly(pki: Path, case: str) -> 
     pl = SecuredPipeline(route)
     client = client_for(route, pki, **cfg)
     for _ in range(3):
-        secured, pending = client.secure(echo("direct"))
-        ex = Exchange(route=route)
-        forwarded = pl.request(secured, {}, ex).body
-        assert forwarded is not None
-        reply = pl.response(echo_response(forwarded), ex).body
-        assert reply is not None
-        assert client.open(reply, pending).body.findtext(f".//{{{DEMO}}}text") == "direct"
+        _, opened = round_trip(pl, client, echo("direct"))
+        assert etree.fromstring(opened).findtext(f".//{{{DEMO}}}text") == "direct"
     assert pl.optimizations is not None
     assert (pl.optimizations.counts.verified, pl.optimizations.counts.fallback) == (3, 0)
 
@@ -268,13 +263,8 @@ def test_secure_conversation_messages_verified_directly(pki: Path) -> None:
         return out.body
 
     client.establish(post)
-    secured, pending = client.secure(echo("in context"))
-    ex = Exchange(route=route)
-    forwarded = pl.request(secured, {}, ex).body
-    assert forwarded is not None
-    reply = pl.response(echo_response(forwarded), ex).body
-    assert reply is not None
-    assert client.open(reply, pending).body.findtext(f".//{{{DEMO}}}text") == "in context"
+    _, opened = round_trip(pl, client, echo("in context"))
+    assert etree.fromstring(opened).findtext(f".//{{{DEMO}}}text") == "in context"
     assert pl.optimizations is not None
     assert (pl.optimizations.counts.verified, pl.optimizations.counts.fallback) == (2, 0)  # Issue, then in context
 
@@ -289,19 +279,6 @@ def test_direct_verification_counted_in_metrics(pki: Path) -> None:
 
 # =========================================================================================================
 # Tampering after the shortcuts were warm
-
-
-@pytest.fixture
-def client_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]:
-    def shift(delta: timedelta) -> None:
-        class Shifted(datetime):
-            @classmethod
-            def now(cls, tz: Any = None) -> Any:
-                return datetime.now(tz) + delta
-
-        monkeypatch.setattr("gateway.client.datetime", Shifted)
-
-    return shift
 
 
 EVIL = f'<d:echo xmlns:d="{DEMO}"><d:text>pay 9999</d:text></d:echo>'

@@ -160,21 +160,6 @@ def security_children(data: bytes) -> list[str]:
     return [etree.QName(c).localname for c in security if isinstance(c.tag, str)]
 
 
-@pytest.fixture
-def client_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]:
-    """Move the client's clock (what it writes in Timestamp and UsernameToken Created); the gateway's stays."""
-
-    def shift(delta: timedelta) -> None:
-        class Shifted(datetime):
-            @classmethod
-            def now(cls, tz: Any = None) -> Any:
-                return datetime.now(tz) + delta
-
-        monkeypatch.setattr("gateway.client.datetime", Shifted)
-
-    return shift
-
-
 def psk(pki: Path) -> bytes:
     return keys.load_hmac_keys(pki / "hmac-keys.yaml")["demo-client"]
 
