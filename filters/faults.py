@@ -66,9 +66,37 @@ def server(reason: str, message: str = "The gateway could not process the messag
     return Fault(code="", reason=reason, message=message, http_status=status, sender=False)
 
 
+# Metric labels for plain (code-less) faults: the reason's fixed opening -> its class. Reasons carry client-chosen
+# text and numbers ("envelope has 7 Body elements"), so a label is never taken from them: every distinct attack
+# would be a new time series. A reason not listed counts as `malformed` (sender) or `internal` (receiver).
+REASON_CLASSES: tuple[tuple[str, str], ...] = (
+    ("busy", "busy"),
+    ("body too large", "body too large"),
+    ("backend response refused", "backend response refused"),
+    ("content-length not a number", "content-length not a number"),
+    ("request without a body", "request without a body"),
+    ("method ", "method not allowed"),
+    ("DTD", "dtd"),
+    ("processing instruction", "processing instruction"),
+    ("nesting depth over", "limit"),
+    ("element count over", "limit"),
+    ("attribute count over", "limit"),
+    ("text node longer than", "limit"),
+    ("replay store unavailable", "store unavailable"),
+    ("security context store unavailable", "store unavailable"),
+)
+LABELS = frozenset({*WSSE_CODES, *WSC_CODES, *(label for _, label in REASON_CLASSES), "malformed", "internal"})
+
+
 def metric_reason(fault: Fault) -> str:
-    """A short, bounded label for metrics: the fault code, or the first words of a plain fault's reason."""
-    return fault.code or fault.reason.split(":", 1)[0][:40]
+    """The fault's metric label, always one of `LABELS`: its WS-Security/WS-SC code, or its reason's class.
+    The precise reason goes to the log only."""
+    if fault.code in WSSE_CODES or fault.code in WSC_CODES:
+        return fault.code
+    for opening, label in REASON_CLASSES:
+        if fault.reason.startswith(opening):
+            return label
+    return "malformed" if fault.sender else "internal"
 
 
 def render(fault: Fault, soap_version: str) -> bytes:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from filters import metrics
+import pytest
+
+from filters import faults, metrics
 from gateway.policy import Route
 
 
@@ -42,3 +44,21 @@ def test_inner_stages_outside_a_pipeline_record_nothing() -> None:
 
     assert work() == 42  # the client and tests call the engine without a pipeline stage around it
     assert metrics.STAGE.collect()[0].samples == before
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        faults.client("envelope has 7 Body elements"),
+        faults.client("malformed XML: Opening and ending tag mismatch: x123 line 1 and Body, line 1, column 99"),
+        faults.client("document element is not a SOAP Envelope: {urn:attacker-chosen}Whatever"),
+        faults.server("no XML policy for route 'made-up'"),
+        faults.client("method PATCH on an XML route"),
+        faults.server("busy: 900 body bytes wanted, 10 of 1000 free", status=503),
+        faults.security("FailedCheck", "digest mismatch for #id-attacker"),
+    ],
+)
+def test_fault_labels_come_from_a_fixed_set_whatever_the_reason(fault: faults.Fault) -> None:
+    label = faults.metric_reason(fault)
+    assert label in faults.LABELS
+    assert not any(ch.isdigit() for ch in label) and "attacker" not in label and "made-up" not in label

@@ -14,6 +14,7 @@ import pytest
 import requests
 from lxml import etree
 
+from filters import faults
 from gateway.client import Client, ClientConfig, ClientError, content_type
 from gateway.policy import Route
 from tests.harness import running_gateway
@@ -142,6 +143,26 @@ def test_tampered_request_refused_and_counted(gw, pki: Path) -> None:
     assert received(gw) == []
     metrics = "".join(requests.get(u, timeout=5).text for u in gw.metrics_urls())
     assert 'wsgate_faults_total{profile="rsa",reason="FailedCheck",route="rsa"}' in metrics
+
+
+def test_client_chosen_fault_reasons_do_not_become_metric_labels(gw) -> None:
+    """Each distinct attack once used to be a new wsgate_faults_total series (reasons carry the client's numbers and
+    names): labels come from a fixed set, the precise reason goes to the log only."""
+    bodies = [f"<soap:Body/>{'<soap:Body/>' * n}" for n in range(1, 12)]  # "envelope has N Body elements"
+    bodies += [f"<soap:Body><x{n}:a xmlns:x{n}='urn:{n}'>" for n in range(12)]  # malformed, each message different
+    bodies += [f"<soap:Header/><soap:Body/><soap:Extra{n}/>" for n in range(12)]
+    soap = "http://schemas.xmlsoap.org/soap/envelope/"
+    for inner in bodies:
+        resp = send(gw, "hmac", f'<soap:Envelope xmlns:soap="{soap}">{inner}</soap:Envelope>'.encode())
+        assert resp.status_code == 500
+    metrics = "".join(requests.get(u, timeout=5).text for u in gw.metrics_urls())
+    reasons = {
+        line.split('reason="', 1)[1].split('"', 1)[0]
+        for line in metrics.splitlines()
+        if line.startswith("wsgate_faults_total{")
+    }
+    assert reasons and reasons <= faults.LABELS, reasons - faults.LABELS
+    assert len(reasons) <= 4
 
 
 def test_replay_refused_across_workers(gw, pki: Path) -> None:
