@@ -10,7 +10,6 @@ tab, CR, LF) is removed, so one value has one byte string, whatever line breaks 
 from __future__ import annotations
 
 import base64
-import binascii
 
 from lxml import etree
 
@@ -30,7 +29,7 @@ def base64_bytes(el: etree._Element, what: str, code: str = "InvalidSecurity") -
     """The decoded bytes of a base64 value element; `code` for anything else (empty included)."""
     try:
         value = base64.b64decode(text(el, what, code).translate(_XML_WHITESPACE), validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or characters outside ASCII
         raise faults.security(code, f"{what} is not base64") from None
     if not value:
         raise faults.security(code, f"{what} is empty")

@@ -1311,3 +1311,60 @@ def test_signer_named_without_a_token(pki: Path, form: str) -> None:
     with pytest.raises(faults.Fault) as err:
         SecuredPipeline(unknown).request(message, {}, Exchange(route=unknown))
     assert err.value.code == "SecurityTokenUnavailable"
+
+
+# --- issue #10: values read whole, comments never forwarded, who signed ------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["rsa", "hmac"])
+def test_comment_split_signature_value_has_the_replay_key_of_the_original(pki: Path, profile: str) -> None:
+    route = make_route(pki, profile)
+    pipeline = SecuredPipeline(route)
+    secured, _ = client_for(route, pki).secure(echo())
+    accept(pipeline, secured)
+    start = secured.index(b"<ds:SignatureValue>") + len(b"<ds:SignatureValue>")
+    split = secured[: start + 8] + b"<!--x-->" + secured[start + 8 :]
+    fault = refuse(pipeline, split, "InvalidSecurity")
+    assert "replay" in fault.reason
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+@pytest.mark.parametrize("profile", ["rsa", "hmac"])  # encrypted content: tests/test_signed_content_threats.py
+def test_comments_in_signed_content_are_not_forwarded(pki: Path, profile: str, version: str) -> None:
+    route = make_route(pki, profile)
+    secured, _ = client_for(route, pki).secure(echo("user@victim.exampleATK", version))
+    secured = secured.replace(b"victim.example", b"victim.example<!---->")
+    got = accept(SecuredPipeline(route), secured).body
+    assert got is not None and b"<!--" not in got
+    assert_plain(got, "user@victim.exampleATK", version)
+
+
+def test_the_gateway_signs_no_comment(pki: Path) -> None:
+    route = make_route(pki, "rsa")
+    client = client_for(route, pki)
+    t = trip(
+        SecuredPipeline(route), client, backend=lambda b: echo_response(b).replace(b"<d:text>", b"<d:text><!--c-->")
+    )
+    assert b"<!--" not in t.reply
+    assert_opened(t.opened)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "subject"),
+    [
+        ({"key_name": "demo-client"}, "key:demo-client"),
+        ({}, "anonymous"),
+        ({"user": "bob", "password": PASSWORDS["bob"]}, "bob"),
+        ({"key_name": "demo-client", "user": "bob", "password": PASSWORDS["bob"]}, "bob"),
+    ],
+    ids=["pre-shared-key", "encrypted-key", "encrypted-key-and-user", "pre-shared-key-and-user"],
+)
+def test_identity_names_the_credential(pki: Path, cfg: dict[str, Any], subject: str) -> None:
+    route = make_route(pki, "hmac", username_token={"users_file": str(pki / "users.yaml")})
+    assert trip(SecuredPipeline(route), client_for(route, pki, **cfg)).headers == {"x-wsgate-subject": subject}
+
+
+def test_an_encrypted_key_with_a_user_is_not_anonymous(pki: Path) -> None:
+    route = users_route(pki, hmac={"allow_anonymous": False})
+    client = client_for(route, pki, user="bob", password=PASSWORDS["bob"])
+    assert trip(SecuredPipeline(route), client).headers == {"x-wsgate-subject": "bob"}
