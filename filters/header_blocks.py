@@ -6,7 +6,8 @@ does not cover (the block itself, by element identity) is forwarded, stripped or
 wsa:Action or wsa:To beside a signed Body would tell the backend where a verified message was meant to go. A
 mustUnderstand block is never stripped silently: the request is refused instead. When the signature covers a
 wsa:Action, the SOAPAction the HTTP request names (SOAP 1.1 header, SOAP 1.2 `action` parameter; Envoy routes on
-it) must be the same action."""
+it) must be the same action. Character data between the Envelope's and the Header's elements, which no
+signature covers either, is refused."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def enforce(
 ) -> None:
     """Apply `policy` to the header blocks `covers` says are unsigned, then check SOAPAction against a signed
     wsa:Action. Raises InvalidSecurity on a refusal."""
+    _no_character_data(env)
     header = env.header
     if header is None:
         return
@@ -45,6 +47,15 @@ def enforce(
     if not any(isinstance(c.tag, str) for c in header):
         env.root.remove(header)
     _check_action(env, covers, headers)
+
+
+def _no_character_data(env: Envelope) -> None:
+    """The Envelope and the Header hold elements only (SOAP 1.1 and 1.2): text between them is in no signed part,
+    and nothing the backend should read."""
+    holders = [env.root, *([env.header] if env.header is not None else [])]
+    texts = [h.text for h in holders] + [c.tail for h in holders for c in h]
+    if any(t and t.strip(" \t\r\n") for t in texts):
+        raise faults.security("InvalidSecurity", "character data outside the SOAP Body and header blocks")
 
 
 def _check_action(env: Envelope, covers: Callable[[etree._Element], bool], headers: Mapping[str, str]) -> None:

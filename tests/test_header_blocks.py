@@ -118,3 +118,22 @@ def test_two_wsa_actions_are_refused_even_when_forwarded() -> None:
     env = env_with(ACTION + f'<w:Action xmlns:w="{WSA_2004}">urn:b</w:Action>')
     with pytest.raises(faults.Fault, check=lambda f: "Action" in f.reason):
         header_blocks.enforce(env, signed(), UnsignedHeaders(addressing="forward"), {})
+
+
+@pytest.mark.parametrize("where", ["envelope", "header", "between-blocks", "after-body"])
+def test_character_data_outside_the_body_and_blocks_is_refused(where: str) -> None:
+    blocks = {"header": "pay mallory" + TRACE, "between-blocks": TRACE + "pay mallory" + TRACE}.get(where, TRACE)
+    data = etree.tostring(env_with(blocks).root).decode()
+    if where == "envelope":
+        data = data.replace("<s:Header>", "pay mallory<s:Header>")
+    if where == "after-body":
+        data = data.replace("</s:Envelope>", "pay mallory</s:Envelope>")
+    env = parse_envelope(data.encode(), Limits())
+    with pytest.raises(faults.Fault, check=lambda f: "character data" in f.reason):
+        header_blocks.enforce(env, signed("Trace"), UnsignedHeaders(), {})
+
+
+def test_whitespace_between_blocks_is_fine() -> None:
+    env = env_with(f"\n  {TRACE}\n  ")
+    header_blocks.enforce(env, signed("Trace"), UnsignedHeaders(), {})
+    assert names(env) == ["Trace"]
