@@ -113,7 +113,7 @@ def _data_algorithm(ed: etree._Element, allowed: Sequence[str]) -> _DataAlgorith
     return _DATA[name]
 
 
-def _cipher_value(el: etree._Element, what: str) -> bytes:
+def cipher_value(el: etree._Element, what: str) -> bytes:
     """The decoded CipherValue. Broken base64 is a FailedCheck like any other broken ciphertext."""
     data = _child(el, q(XENC, "CipherData"), what)
     if data is None:
@@ -123,6 +123,8 @@ def _cipher_value(el: etree._Element, what: str) -> bytes:
     value = _child(data, q(XENC, "CipherValue"), what)
     if value is None:
         raise faults.security("InvalidSecurity", f"{what} without CipherValue")
+    if len(value):
+        raise _failed(f"{what}: CipherValue has child nodes")
     try:
         # Non-strict: CipherValues are often line-wrapped; whitespace is skipped without a copy.
         return binascii.a2b_base64(value.text or "")
@@ -227,7 +229,7 @@ def decrypt_key(
     if transport is None or transport not in allowed:
         raise faults.security("UnsupportedAlgorithm", f"key transport not allowed: {uri[:120]}")
     pad = _key_transport_padding(method, transport)
-    ciphertext = _cipher_value(ek, "EncryptedKey")
+    ciphertext = cipher_value(ek, "EncryptedKey")
     if transport == "rsa-1_5":
         # Bleichenbacher countermeasure: same path and same outcome for a bad block and a wrong key.
         # (OpenSSL's implicit rejection already returns a pseudo-random message instead of failing.)
@@ -338,7 +340,7 @@ def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits:
     parent = ed.getparent()
     if parent is None:
         raise faults.security("InvalidSecurity", "EncryptedData is the document element")
-    chunks = _decrypt(alg, key, _cipher_value(ed, "EncryptedData"))
+    chunks = _decrypt(alg, key, cipher_value(ed, "EncryptedData"))
     depth = sum(1 for _ in parent.iterancestors()) + 1
     try:
         # The plaintext lands in the parent, so it sees the parent's namespaces (not the EncryptedData's own:
@@ -417,7 +419,7 @@ def encrypt_content(
         raise ValueError(f"{algorithm} needs a {alg.key_size}-byte key, got {len(key)}")
     parts = [escape(el.text).encode()] if el.text else []
     parts.extend(etree.tostring(child, encoding="utf-8", with_tail=True) for child in el)
-    cipher_value = _encrypt(alg, key, parts)
+    encoded = _encrypt(alg, key, parts)
     el.text = None
     del el[:]
     ed = etree.SubElement(el, q(XENC, "EncryptedData"), {"Id": id, "Type": TYPE_CONTENT}, nsmap={"xenc": XENC})
@@ -425,5 +427,5 @@ def encrypt_content(
     if key_info is not None:
         etree.SubElement(ed, q(DS, "KeyInfo"), nsmap={"ds": DS}).append(key_info)
     cipher_data = etree.SubElement(ed, q(XENC, "CipherData"))
-    etree.SubElement(cipher_data, q(XENC, "CipherValue")).text = cipher_value.decode("ascii")
+    etree.SubElement(cipher_data, q(XENC, "CipherValue")).text = encoded.decode("ascii")
     return ed

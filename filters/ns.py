@@ -10,6 +10,8 @@ XENC = "http://www.w3.org/2001/04/xmlenc#"
 XENC11 = "http://www.w3.org/2009/xmlenc11#"
 EXC_C14N = "http://www.w3.org/2001/10/xml-exc-c14n#"
 WSA = "http://www.w3.org/2005/08/addressing"
+WSA_2004 = "http://schemas.xmlsoap.org/ws/2004/08/addressing"  # the member submission, still widely sent
+ADDRESSING = (WSA, WSA_2004)
 
 # Token profile URIs.
 X509V3 = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-x509-token-profile-1.0#X509v3"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lxml import etree
 
-from filters import encryption, faults, keys, metrics, ns, replay, signature, wssecurity
+from filters import encryption, faults, header_blocks, keys, metrics, ns, replay, signature, wssecurity
 from filters import secure_conversation as sc
 from filters.engine import Exchange, Outcome, RoutePipeline
 from filters.optimizations import Optimizations
@@ -66,6 +66,7 @@ class SecuredPipeline(RoutePipeline):
             signer="symmetric" if route.profile == "hmac" else "x509",
             body_encrypted=route.encryption.require_request,
             limits=route.limits,
+            anonymous=route.profile != "hmac" or route.hmac.allow_anonymous,
         )
         self.optimizations = Optimizations.for_route(route)
         self.credentials = wssecurity.Credentials(
@@ -75,9 +76,7 @@ class SecuredPipeline(RoutePipeline):
         )
         x509 = route.profile != "hmac"
         opts = route.rsa if x509 else route.hmac
-        # An hmac route that does not take keys in EncryptedKeys has no use for its private key.
-        takes_encrypted_keys = x509 or route.hmac.allow_encrypted_key
-        if takes_encrypted_keys and Path(opts.decryption_key).exists():
+        if Path(opts.decryption_key).exists():
             self.credentials.decryption_key = keys.load_private_key(opts.decryption_key)
         elif x509 and route.encryption.require_request:
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
@@ -100,10 +99,17 @@ class SecuredPipeline(RoutePipeline):
             verified = wssecurity.process(env, self.requirements, self.credentials, datetime.now(UTC))
         # Decrypted content is new XML: the envelope must still be one Envelope with one Body.
         check_structure(env.root)
+        return self.forward(env, verified, verified.subject, headers, ex)
+
+    def forward(
+        self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
+    ) -> Outcome:
+        """The verified request as the backend gets it: unsigned header blocks handled as the route says, and
+        who sent it in the identity header."""
+        route = self.route
+        header_blocks.enforce(env, verified.covers, route.unsigned_headers, headers)
         ex.security = verified
-        out_headers = {}
-        if route.identity_header and verified.subject:
-            out_headers[route.identity_header] = verified.subject
+        out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
         with metrics.stage(route, "serialize"):
             return Outcome(body=env.serialize(), set_headers=out_headers)
 
@@ -187,15 +193,12 @@ class SecureConversationPipeline(SecuredPipeline):
             else:
                 verified = wssecurity.process(env, self.requirements, self.credentials, now)
         check_structure(env.root)
-        ex.security = verified
         rst = sc.find_rst(env)
         if rst is not None:
             return self._answer(sc.parse_rst(rst), env, verified, headers, now)
         if verified.context is None:
             raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")
-        out_headers = {route.identity_header: verified.context.subject} if route.identity_header else {}
-        with metrics.stage(route, "serialize"):
-            return Outcome(body=env.serialize(), set_headers=out_headers)
+        return self.forward(env, verified, verified.context.subject, headers, ex)
 
     def _answer(
         self, rst: sc.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime

@@ -41,6 +41,7 @@ REFERENCE_LIST = ns.q(ns.XENC, "ReferenceList")
 ENCRYPTED_DATA = ns.q(ns.XENC, "EncryptedData")
 KEY_INFO = ns.q(ns.DS, "KeyInfo")
 WSU_ID = ns.q(ns.WSU, "Id")
+ANONYMOUS = "anonymous"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -60,6 +61,9 @@ class Requirements:
     signer: str | None
     body_encrypted: bool  # the Body content must have arrived encrypted
     limits: Limits
+    # Whether a symmetric signature whose key came in an EncryptedKey may be the only credential (hmac routes:
+    # hmac.allow_anonymous); such a sender proves nothing about who it is.
+    anonymous: bool = True
 
 
 @dataclass
@@ -84,7 +88,9 @@ class Verified:
 
     signed: list[etree._Element] = field(default_factory=list)
     signer_certificate: x509.Certificate | None = None
-    subject: str | None = None  # the authenticated signer (RFC 4514) or UsernameToken user
+    # Who sent it, for the backend: the X.509 signer (RFC 4514), the UsernameToken user, the context's subject,
+    # "key:<name>" (a pre-shared key) or ANONYMOUS (a key from an EncryptedKey and nothing else).
+    subject: str | None = None
     symmetric_key: bytes | None = None  # the key an HMAC signature was made with
     key_reference: keys.KeyRef | None = None  # how the sender named that key, to name it back in a reply
     username: str | None = None
@@ -134,6 +140,7 @@ def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime)
     security = find_security(env)
     if security is None:
         raise faults.security("InvalidSecurity", "no wsse:Security header")
+    drop_comments(env.root)
     st = _State(env=env, req=req, creds=creds, now=now, security=security)
     # Tokens are resolved anywhere in the header, as WSS4J does: zeep puts its certificate after the signature.
     for bst in security.iterchildren(BST):
@@ -152,9 +159,32 @@ def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime)
         # A decrypted header token takes the place of its EncryptedData: read it next.
         if not replaced:
             i += 1
+    _identify(st)
     _check_requirements(st)
     _strip(env, security)
     return st.out
+
+
+def drop_comments(el: etree._Element) -> None:
+    """Remove every comment below `el`, keeping the text around it (C14N without comments, the only kind we
+    allow, ignores them). Before anything is read, so every reader and both signature paths see one text per
+    value; and the bytes forwarded say exactly what was verified, not "user@victim<!---->.attacker" to a reader
+    that stops at the first text node."""
+    if next(el.iter(etree.Comment), None) is not None:
+        etree.strip_tags(el, etree.Comment)
+
+
+def _identify(st: _State) -> None:
+    """Name the sender of a message whose only credential is its symmetric signature key."""
+    out = st.out
+    if out.subject is not None or out.context is not None or out.symmetric_key is None or out.key_reference is None:
+        return
+    if out.key_reference.kind == "key_name":
+        out.subject = f"key:{out.key_reference.value}"
+        return
+    if not st.req.anonymous:
+        raise faults.security("FailedAuthentication", "anonymous request: a key from an EncryptedKey and no credential")
+    out.subject = ANONYMOUS
 
 
 def _timestamp(st: _State, el: etree._Element) -> bool:
@@ -215,8 +245,7 @@ def _open_encrypted_key(st: _State, ek: etree._Element, key_size: int | None = N
 
 def encrypted_key_sha1(ek: etree._Element) -> str:
     """WS-Security 1.1 EncryptedKeySHA1: SHA-1 of the EncryptedKey's decoded CipherValue, base64."""
-    value = ek.find(f"{ns.q(ns.XENC, 'CipherData')}/{ns.q(ns.XENC, 'CipherValue')}")
-    raw = base64.b64decode("".join((value.text or "").split())) if value is not None else b""
+    raw = encryption.cipher_value(ek, "EncryptedKey")  # the bytes decrypt_key opened
     return base64.b64encode(hashlib.sha1(raw).digest()).decode()
 
 
@@ -237,6 +266,7 @@ def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
     assert parent is not None
     was_signed = st.out.covers(ed)
     landing = encryption.decrypt_data(ed, secret, st.req.encryption.data_algorithms, st.req.limits)
+    drop_comments(parent)  # decrypted content is read and forwarded like the rest
     st.decrypted.append((parent, landing, was_signed))
     if parent is st.env.body:
         st.out.decrypted_body = True
@@ -396,13 +426,17 @@ def _check_requirements(st: _State) -> None:
             raise faults.security("InvalidSecurity", "the UsernameToken is not signed")
     if "addressing" in parts and env.header is not None:
         for h in env.header.iterchildren():
-            if isinstance(h.tag, str) and h.tag.startswith("{" + ns.WSA + "}") and not any(s is h for s in out.signed):
+            if _addressing(h) and not any(s is h for s in out.signed):
                 raise faults.security("InvalidSecurity", f"WS-Addressing header {h.tag} is not signed")
     # Every decrypted part must be covered by the signature: before decryption (encrypt-then-sign) or after
     # (sign-then-encrypt). An unsigned EncryptedData is an attacker's ciphertext (CVE-2015-0227).
     for parent, landing, was_signed in st.decrypted:
         if not (was_signed or out.covers(parent) or all(out.covers(n) for n in landing if isinstance(n.tag, str))):
             raise faults.security("InvalidSecurity", "decrypted content not covered by the signature")
+
+
+def _addressing(block: etree._Element) -> bool:
+    return isinstance(block.tag, str) and etree.QName(block).namespace in ns.ADDRESSING
 
 
 def _strip(env: Envelope, security: etree._Element) -> None:
@@ -510,6 +544,7 @@ def secure(
     symmetric binding; the secret travels in an EncryptedKey that the signature and encryption refer to.
     `tokens` (a SecurityContextToken, DerivedKeyTokens) go first, in order: what follows refers to them.
     `unique_ids`: random ids (clients); otherwise per-message counters (the gateway: see _MessageIds)."""
+    drop_comments(env.root)  # what the receiver's C14N verifies is then all there is to read
     header = env.ensure_header()
     security = etree.Element(SECURITY, nsmap={"wsse": ns.WSSE, "wsu": ns.WSU})
     security.set(ns.q(env.soap_ns, "mustUnderstand"), "true" if env.version == "1.2" else "1")
@@ -542,7 +577,7 @@ def secure(
     if sign is not None:
         to_sign.insert(0, env.body)
         if "addressing" in sign_parts and env.header is not None:
-            to_sign.extend(h for h in env.header if isinstance(h.tag, str) and h.tag.startswith("{" + ns.WSA + "}"))
+            to_sign.extend(h for h in env.header if _addressing(h))
         _ensure_wsu_ids(to_sign, ids)
         key_info = sign.key_info or binding_ref
         if key_info is None:

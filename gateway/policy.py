@@ -125,9 +125,35 @@ class RsaOptions(Strict):
 
 class HmacOptions(Strict):
     keys_file: str | None = "certs/out/hmac-keys.yaml"  # pre-shared keys by name
-    allow_encrypted_key: bool = True  # the symmetric binding: a key sent in an EncryptedKey to us
-    decryption_key: str = "certs/out/gateway-enc.key"
+    # The symmetric binding's key, sent in an EncryptedKey to us, proves only that the sender has our public
+    # certificate: a request with no other credential (a pre-shared key, a UsernameToken) is anonymous, and
+    # accepted only where the policy says so (the backend is then told `anonymous`).
+    allow_anonymous: bool = False
+    decryption_key: str = "certs/out/gateway-enc.key"  # opens EncryptedKeys (symmetric binding, encrypted parts)
     sign_response: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "allow_encrypted_key" in data:
+            raise ValueError(
+                "allow_encrypted_key was replaced by allow_anonymous: EncryptedKeys are always taken as key carriers; "
+                "allow_anonymous says whether one may be the request's only credential"
+            )
+        return data
+
+
+HeaderBlockRule = Literal["forward", "strip", "refuse"]
+
+
+class UnsignedHeaders(Strict):
+    """What happens to a SOAP header block the request's signature does not cover (the wsse:Security header
+    itself is always removed): `forward` it to the backend, `strip` it (refusing the request when the block is
+    mustUnderstand: it cannot be dropped silently), or `refuse` the request. `addressing`: WS-Addressing blocks
+    (2004/08 and 2005/08); `default`: every other block."""
+
+    default: HeaderBlockRule = "strip"
+    addressing: HeaderBlockRule = "strip"
 
 
 class ReplayPolicy(Strict):
@@ -194,7 +220,10 @@ class Route(Strict):
     secureconversation: SecureConversationOptions = SecureConversationOptions()
     replay: ReplayPolicy = ReplayPolicy()
     optimizations: Optimizations = Optimizations()
-    identity_header: str | None = "x-wsgate-subject"  # the authenticated signer or user, for the backend
+    unsigned_headers: UnsignedHeaders = UnsignedHeaders()
+    # Who the request is from, for the backend: the X.509 signer's subject, the UsernameToken user, `key:<name>`
+    # for a pre-shared key, the context's subject (secureconversation), or `anonymous` (hmac.allow_anonymous).
+    identity_header: str | None = "x-wsgate-subject"
     secure_faults: bool = True  # sign/encrypt backend faults like other responses
 
     @property

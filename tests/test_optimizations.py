@@ -445,7 +445,7 @@ TAMPERS: dict[str, tuple[Callable[[Warm], bytes], dict[str, str]]] = {
     ),
     "signature-value-swapped": (_signature_value_swapped, {"hmac": "FailedCheck", "rsa": "FailedCheck"}),
     "signed-with-another-key": (_signed_with_another_key, {"hmac": "FailedCheck", "rsa": "FailedAuthentication"}),
-    "truncated-signature-value": (_truncated_signature_value, {"hmac": "FailedCheck"}),
+    "truncated-signature-value": (_truncated_signature_value, {"hmac": "InvalidSecurity"}),  # refused by its length
     "replayed": (_replayed, {"hmac": "InvalidSecurity", "rsa": "InvalidSecurity"}),
     "body-named-by-xml-id": (_body_named_by_xml_id, {"hmac": "InvalidSecurity"}),
 }  # fmt: skip

@@ -59,6 +59,25 @@ def test_errors_name_file_route_and_field(tmp_path: Path, text: str, field: str)
     assert f"{tmp_path / 'orders.yaml'}: route orders: {field}" in msg
 
 
+def test_secured_routes_default_to_knowing_who_calls_and_forwarding_only_what_is_signed(tmp_path: Path) -> None:
+    route = load_dir(write(tmp_path, "a.yaml", GOOD.replace("profile: xml", "profile: hmac"))).route("orders")
+    assert route.hmac.allow_anonymous is False
+    assert (route.unsigned_headers.default, route.unsigned_headers.addressing) == ("strip", "strip")
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "message"),
+    [
+        ("    hmac: {allow_encrypted_key: true}\n", "hmac", "replaced by allow_anonymous"),
+        ("    unsigned_headers: {addressing: keep}\n", "unsigned_headers.addressing", "forward"),
+    ],
+)
+def test_header_and_anonymity_fields_are_validated(tmp_path: Path, extra: str, field: str, message: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        load_dir(write(tmp_path, "a.yaml", GOOD.replace("profile: xml", "profile: hmac") + extra))
+    assert f"route orders: field {field}" in str(info.value) and message in str(info.value)
+
+
 def test_duplicate_route_names_across_files(tmp_path: Path) -> None:
     write(tmp_path, "a.yaml", GOOD)
     write(tmp_path, "b.yaml", GOOD.replace("/orders/", "/other/"))

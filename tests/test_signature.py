@@ -494,6 +494,90 @@ def test_signature_value_must_be_base64(p: Pki) -> None:
         verify_raw(p, tamper(p.signed(), change))
 
 
+def _value_split(tag: str, node: Callable[[], etree._Element]) -> Callable[[etree._Element], None]:
+    """Split the first `tag` value after 8 characters (each piece valid base64) with `node`."""
+
+    def change(root: etree._Element) -> None:
+        value = root.find(f".//ds:{tag}", ns.ALL)
+        assert value is not None and value.text
+        head, tail = value.text[:8], value.text[8:]
+        value.text = head
+        split = node()
+        split.tail = tail
+        value.append(split)
+
+    return change
+
+
+@pytest.mark.parametrize("tag", ["SignatureValue", "DigestValue"])
+@pytest.mark.parametrize("node", [lambda: etree.Comment(""), lambda: etree.Element("x")], ids=["comment", "element"])
+@pytest.mark.parametrize("algorithm", ["rsa-sha256", "hmac-sha256"])
+def test_split_value_is_refused_not_read_in_part(p: Pki, tag: str, node: Callable, algorithm: str) -> None:
+    # xmlsec reads all of a value's text, a naive reader only the first node: verify() reads neither, it refuses
+    # (wssecurity.process removes comments before, so a comment-split value is read whole there).
+    env = tamper(p.signed(algorithm=algorithm), _value_split(tag, node))
+    with refused("InvalidSecurity"):
+        signature.verify(the_signature(env), env, p.resolve(env, the_signature(env)), POLICY)
+
+
+def _signature_value(data: bytes, change: Callable[[bytes], bytes]) -> Envelope:
+    def edit(root: etree._Element) -> None:
+        value = root.find(".//ds:SignatureValue", ns.ALL)
+        assert value is not None
+        value.text = base64.b64encode(change(base64.b64decode(value.text or ""))).decode()
+
+    return tamper(data, edit)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "change"),
+    [
+        ("rsa-sha256", lambda v: b"\0" + v),  # a longer spelling of the same RSA integer
+        ("rsa-sha256", lambda v: v[1:]),
+        ("hmac-sha256", lambda v: v[:16]),  # a truncated MAC (CVE-2009-0217's shape, without HMACOutputLength)
+        ("hmac-sha256", lambda v: v + b"\0"),
+    ],
+    ids=["rsa-leading-zero", "rsa-short", "hmac-truncated", "hmac-long"],
+)
+def test_signature_value_has_exactly_one_accepted_length(p: Pki, algorithm: str, change: Callable) -> None:
+    # The replay store remembers the decoded value: no other spelling of one signature may pass as new.
+    env = _signature_value(p.signed(algorithm=algorithm), change)
+    with refused("InvalidSecurity"):
+        signature.verify(the_signature(env), env, p.resolve(env, the_signature(env)), POLICY)
+
+
+def test_digest_value_of_the_wrong_length_is_refused(p: Pki) -> None:
+    def change(root: etree._Element) -> None:
+        value = root.find(".//ds:DigestValue", ns.ALL)
+        assert value is not None
+        value.text = base64.b64encode(base64.b64decode(value.text or "")[:20]).decode()
+
+    with refused("InvalidSecurity"):
+        verify_raw(p, tamper(p.signed(), change))
+
+
+@pytest.mark.parametrize(
+    ("separator", "accepted"), [("\r\n ", True), ("\t", True), ("\u00a0", False), ("\u2028", False)]
+)
+def test_signature_value_is_decoded_once_whatever_its_line_breaks(p: Pki, separator: str, accepted: bool) -> None:
+    # XML whitespace is no part of a base64 value (the same bytes, the same replay key); any other character
+    # outside the alphabet is refused, not skipped.
+    data = p.signed()
+    original = receive(p, data)[1].signature_value
+
+    def change(root: etree._Element) -> None:
+        value = root.find(".//ds:SignatureValue", ns.ALL)
+        assert value is not None and value.text
+        value.text = separator.join(value.text[i : i + 40] for i in range(0, len(value.text), 40))
+
+    env = tamper(data, change)
+    if accepted:
+        assert verify_raw(p, env).signature_value == original
+    else:
+        with refused("InvalidSecurity"):
+            verify_raw(p, env)
+
+
 # --- signature wrapping --------------------------------------------------------------------------------
 
 

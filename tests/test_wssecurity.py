@@ -299,9 +299,9 @@ def test_hmac_pre_shared_key(pki: Path) -> None:
     assert_plain(t.backend)
     assert_secured_reply(t.reply, encrypted=False)
     assert_opened(t.opened)
-    # The reply's HMAC names the same pre-shared key; a pre-shared key names no one for the backend.
+    # The reply's HMAC names the same pre-shared key; the backend is told which key signed.
     assert etree.fromstring(t.reply).findtext(f".//{ns.q(ns.DS, 'KeyName')}") == "demo-client"
-    assert t.headers == {}
+    assert t.headers == {"x-wsgate-subject": "key:demo-client"}
 
 
 def test_hmac_symmetric_binding(pki: Path) -> None:
@@ -387,14 +387,20 @@ def test_soap12(pki: Path, profile: str, extra: dict[str, Any], cfg: dict[str, A
     assert_opened(t.opened, version="1.2")
 
 
-def test_other_headers_are_kept(pki: Path) -> None:
+def test_unsigned_application_headers_reach_the_backend_only_when_the_route_forwards_them(pki: Path) -> None:
     plain = echo().replace(
         b"<soap:Body>", f'<soap:Header><a:Trace xmlns:a="{APP}">t-1</a:Trace></soap:Header><soap:Body>'.encode()
     )
-    route = make_route(pki, "rsa", encryption=ENCRYPT_BOTH_WAYS)
+    route = make_route(pki, "rsa", encryption=ENCRYPT_BOTH_WAYS, unsigned_headers={"default": "forward"})
     t = trip(SecuredPipeline(route), client_for(route, pki), plain)
     assert_plain(t.backend, headers_left=1)
     assert etree.fromstring(t.backend).findtext(f".//{{{APP}}}Trace") == "t-1"
+    route = make_route(pki, "rsa", encryption=ENCRYPT_BOTH_WAYS)  # default: strip
+    t = trip(SecuredPipeline(route), client_for(route, pki), plain)
+    assert_plain(t.backend)
+    route = make_route(pki, "rsa", encryption=ENCRYPT_BOTH_WAYS, unsigned_headers={"default": "refuse"})
+    fault = refuse(SecuredPipeline(route), client_for(route, pki).secure(plain)[0], "InvalidSecurity")
+    assert "Trace" in fault.reason
 
 
 def test_sign_then_encrypt_decrypts_before_it_verifies(pki: Path) -> None:
@@ -495,7 +501,9 @@ def test_backend_faults_are_secured(
     # The client verified (and decrypted) the secured fault before reporting it.
     with pytest.raises(ClientError, match=r"^SOAP fault: .*Order service unavailable"):
         client.open(reply, pending)
-    tampered = reply.replace(b"<ds:SignatureValue>", b"<ds:SignatureValue>AAAA")
+    start = reply.index(b"<ds:SignatureValue>") + len(b"<ds:SignatureValue>")
+    flipped = b"B" if reply[start : start + 1] == b"A" else b"A"  # the same length, another value
+    tampered = reply[:start] + flipped + reply[start + 1 :]
     with pytest.raises(ClientError, match=r"reply refused \(FailedCheck\)"):
         client.open(tampered, pending)
 
@@ -781,12 +789,13 @@ def test_required_encryption_missing(pki: Path, profile: str, cfg: dict[str, Any
     assert "encrypted" in fault.reason
 
 
-def test_encrypted_key_refused_when_the_hmac_route_does_not_take_them(pki: Path) -> None:
-    route = make_route(pki, "hmac", hmac={"allow_encrypted_key": False})
+def test_anonymous_encrypted_key_refused_unless_the_hmac_route_allows_it(pki: Path) -> None:
+    route = make_route(pki, "hmac", hmac={"allow_anonymous": False})
     pipeline = SecuredPipeline(route)
     secured, _ = client_for(route, pki).secure(echo())
-    refuse(pipeline, secured, "SecurityTokenUnavailable")
-    accept(pipeline, client_for(route, pki, key_name="demo-client").secure(echo())[0])  # pre-shared keys still do
+    refuse(pipeline, secured, "FailedAuthentication")
+    got = accept(pipeline, client_for(route, pki, key_name="demo-client").secure(echo())[0])  # pre-shared keys do
+    assert got.set_headers == {"x-wsgate-subject": "key:demo-client"}
 
 
 def test_x509_signature_on_an_hmac_route(pki: Path) -> None:
@@ -1302,3 +1311,60 @@ def test_signer_named_without_a_token(pki: Path, form: str) -> None:
     with pytest.raises(faults.Fault) as err:
         SecuredPipeline(unknown).request(message, {}, Exchange(route=unknown))
     assert err.value.code == "SecurityTokenUnavailable"
+
+
+# --- issue #10: values read whole, comments never forwarded, who signed ------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["rsa", "hmac"])
+def test_comment_split_signature_value_has_the_replay_key_of_the_original(pki: Path, profile: str) -> None:
+    route = make_route(pki, profile)
+    pipeline = SecuredPipeline(route)
+    secured, _ = client_for(route, pki).secure(echo())
+    accept(pipeline, secured)
+    start = secured.index(b"<ds:SignatureValue>") + len(b"<ds:SignatureValue>")
+    split = secured[: start + 8] + b"<!--x-->" + secured[start + 8 :]
+    fault = refuse(pipeline, split, "InvalidSecurity")
+    assert "replay" in fault.reason
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+@pytest.mark.parametrize("profile", ["rsa", "hmac"])  # encrypted content: tests/test_signed_content_threats.py
+def test_comments_in_signed_content_are_not_forwarded(pki: Path, profile: str, version: str) -> None:
+    route = make_route(pki, profile)
+    secured, _ = client_for(route, pki).secure(echo("user@victim.exampleATK", version))
+    secured = secured.replace(b"victim.example", b"victim.example<!---->")
+    got = accept(SecuredPipeline(route), secured).body
+    assert got is not None and b"<!--" not in got
+    assert_plain(got, "user@victim.exampleATK", version)
+
+
+def test_the_gateway_signs_no_comment(pki: Path) -> None:
+    route = make_route(pki, "rsa")
+    client = client_for(route, pki)
+    t = trip(
+        SecuredPipeline(route), client, backend=lambda b: echo_response(b).replace(b"<d:text>", b"<d:text><!--c-->")
+    )
+    assert b"<!--" not in t.reply
+    assert_opened(t.opened)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "subject"),
+    [
+        ({"key_name": "demo-client"}, "key:demo-client"),
+        ({}, "anonymous"),
+        ({"user": "bob", "password": PASSWORDS["bob"]}, "bob"),
+        ({"key_name": "demo-client", "user": "bob", "password": PASSWORDS["bob"]}, "bob"),
+    ],
+    ids=["pre-shared-key", "encrypted-key", "encrypted-key-and-user", "pre-shared-key-and-user"],
+)
+def test_identity_names_the_credential(pki: Path, cfg: dict[str, Any], subject: str) -> None:
+    route = make_route(pki, "hmac", username_token={"users_file": str(pki / "users.yaml")})
+    assert trip(SecuredPipeline(route), client_for(route, pki, **cfg)).headers == {"x-wsgate-subject": subject}
+
+
+def test_an_encrypted_key_with_a_user_is_not_anonymous(pki: Path) -> None:
+    route = users_route(pki, hmac={"allow_anonymous": False})
+    client = client_for(route, pki, user="bob", password=PASSWORDS["bob"])
+    assert trip(SecuredPipeline(route), client).headers == {"x-wsgate-subject": "bob"}

@@ -85,9 +85,9 @@ def fault_code(resp: requests.Response) -> str:
 CASES = [
     ("rsa", {}, "CN=Demo Client,O=WSGate Demo"),
     ("rsa-enc", {}, "CN=Demo Client,O=WSGate Demo"),
-    ("hmac", {}, None),
-    ("hmac", {"key_name": "demo-client"}, None),
-    ("hmac", {"encrypt": True}, None),
+    ("hmac", {}, "anonymous"),
+    ("hmac", {"key_name": "demo-client"}, "key:demo-client"),
+    ("hmac", {"encrypt": True}, "anonymous"),
     ("username", {"user": "bob", "password": "bob-demo-password"}, "bob"),
     ("username", {"user": "alice", "password": "alice-demo-password", "password_digest": False}, "alice"),
 ]
@@ -111,7 +111,9 @@ def test_round_trip(gw, pki: Path, name: str, cfg: dict, identity: str | None, v
     assert got["headers"].get("x-wsgate-subject") == identity
 
 
-@pytest.mark.parametrize(("name", "cfg", "identity"), [CASES[0], ("hmac", {"key_name": "demo-client"}, None)])
+@pytest.mark.parametrize(
+    ("name", "cfg", "identity"), [CASES[0], ("hmac", {"key_name": "demo-client"}, "key:demo-client")]
+)
 @pytest.mark.parametrize("chunked", [False, True])
 def test_client_cannot_spoof_gateway_headers(
     gw, pki: Path, name: str, cfg: dict, identity: str | None, chunked: bool

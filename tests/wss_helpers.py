@@ -29,6 +29,9 @@ def route_doc(pki: Path, profile: str, name: str = "secured", **extra: Any) -> d
         "hmac": {
             "keys_file": str(pki / "hmac-keys.yaml"),
             "decryption_key": str(pki / "gateway-enc.key"),
+            # Most tests exercise the symmetric binding on its own; the refusal of anonymous requests is tested
+            # with allow_anonymous false (tests/test_signed_content_threats.py).
+            "allow_anonymous": True,
         },
     }
     for k, v in extra.items():
