@@ -576,7 +576,7 @@ def secure(
             bst_id = _bst_id(sig)
             security.insert(0, keys.make_bst(sign.certificate, bst_id))
     if encrypt_user is not None and ut is not None:
-        _encrypt_token(ut, encrypt_user, ek, binding_ref)
+        _encrypt_token(security, ut, encrypt_user, ek, binding_ref)
     if encrypt is not None:
         _encrypt_body(env, security, encrypt, ek, binding_ref)
     elif ek is not None:
@@ -601,25 +601,31 @@ def _bst_id(sig: etree._Element) -> str:
 
 
 def _encrypt_token(
+    security: etree._Element,
     token: etree._Element,
     spec: EncryptFor,
     ek: etree._Element | None,
     binding_ref: Callable[[], etree._Element] | None,
 ) -> None:
-    """Replace a header token by an EncryptedData naming its key (WSS4J's `encryptionParts={Element}{ns}Token`);
-    under the symmetric binding its EncryptedKey's ReferenceList names it too, as WSS4J writes it."""
+    """Replace a header token by an EncryptedData naming its key (WSS4J's `encryptionParts={Element}{ns}Token`),
+    listed where a receiver reads it before the signature: in the binding's EncryptedKey's ReferenceList, as WSS4J
+    writes it, or else in a ReferenceList on top of the header."""
     ed_id = new_id("ED")
     if spec.certificate is not None:
         secret = encryption.new_key(spec.algorithm)
         key_info = encryption.encrypt_key(secret, spec.certificate, spec.transport, new_id("EK"),
                                           spec.certificate_reference(spec.certificate), [])  # fmt: skip
         encryption.encrypt_element(token, secret, spec.algorithm, ed_id, key_info)
-        return
-    name_key = spec.secret_key_info or binding_ref
-    assert spec.secret is not None and name_key is not None
-    encryption.encrypt_element(token, spec.secret, spec.algorithm, ed_id, name_key())
-    if ek is not None and spec.secret_key_info is None:
-        encryption.add_references(ek, [ed_id])
+    else:
+        name_key = spec.secret_key_info or binding_ref
+        assert spec.secret is not None and name_key is not None
+        encryption.encrypt_element(token, spec.secret, spec.algorithm, ed_id, name_key())
+        if ek is not None and spec.secret_key_info is None:
+            encryption.add_references(ek, [ed_id])
+            return
+    reflist = etree.Element(REFERENCE_LIST, nsmap={"xenc": ns.XENC})
+    etree.SubElement(reflist, ns.q(ns.XENC, "DataReference"), URI=f"#{ed_id}")
+    security.insert(0, reflist)
 
 
 def _encrypt_body(

@@ -145,6 +145,8 @@ class Client:
         route, cfg = self.route, self.cfg
         user = (cfg.user, cfg.password or "", cfg.password_digest) if cfg.user else None
         parts = tuple(route.signature.parts)
+        if self.encrypts_user and "username_token" not in parts:
+            parts += ("username_token",)  # decrypted content must be signed (SignedEncryptedSupportingTokens)
         algorithm = route.encryption.data_algorithms[0]
         transport = route.encryption.key_transport[0]
         pending = Pending(soap_version=env.version)
