@@ -112,7 +112,8 @@ class _State:
     decrypted: list[tuple[etree._Element, list[etree._Element], bool]] = field(default_factory=list)
     derived_ids: set[str] = field(default_factory=set)  # DerivedKeyTokens, by wsu:Id, whose keys are in secret_by_id
     decrypted_with: dict[int, bytes] = field(default_factory=dict)  # id() of an element decrypted whole -> its key
-    username_key: bytes | None = None  # the key the UsernameToken arrived encrypted under
+    username_token: etree._Element | None = None  # the header's one UsernameToken, authenticated after the walk
+    username_key: bytes | None = None  # the key it arrived encrypted under
     scts: dict[str, sc.Sct] = field(default_factory=dict)
     resolve: sc.SctResolver | None = None  # the message's one resolver: each context looked up once
     signatures: int = 0
@@ -155,6 +156,8 @@ def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime)
         # A decrypted header token takes the place of its EncryptedData: read it next.
         if not replaced:
             i += 1
+    if st.username_token is not None:
+        _authenticate_user(st, st.username_token)
     _check_requirements(st)
     _strip(env, security)
     return st.out
@@ -175,7 +178,8 @@ def _replay_ttl(st: _State) -> float:
 
 
 def _username_token(st: _State, el: etree._Element) -> bool:
-    if st.out.username is not None:
+    """Noted here, authenticated after the walk (_authenticate_user): once the signature and decryptions are known."""
+    if st.username_token is not None:
         raise faults.security("InvalidSecurity", "more than one wsse:UsernameToken")
     if st.creds.users is None:
         raise faults.security("InvalidSecurity", "UsernameToken sent to a route without users")
@@ -184,6 +188,17 @@ def _username_token(st: _State, el: etree._Element) -> bool:
         st.username_key = st.decrypted_with.get(id(el))
         if st.username_key is None:
             raise faults.security("InvalidSecurity", "UsernameToken not encrypted (protection: encrypted)")
+    st.username_token = el
+    return False
+
+
+def _authenticate_user(st: _State, el: etree._Element) -> None:
+    if st.username_key is not None and st.req.signer == "symmetric":
+        # The token must be sealed under the key that signs this message: a token copied, still encrypted, from
+        # another message next to the copier's own key is someone else's. Checked before the password, so a
+        # copy neither costs a check nor uses up the owner's nonce.
+        if st.out.symmetric_key is None or not hmac.compare_digest(st.username_key, st.out.symmetric_key):
+            raise faults.security("InvalidSecurity", "UsernameToken encrypted under another key than the signature's")
     tp = st.req.timestamp
     got = username_token.verify(el, st.creds.users, st.req.username_token, st.now, tp.max_age_s, tp.clock_skew_s)
     if got.nonce is not None and st.creds.replay is not None:
@@ -193,7 +208,6 @@ def _username_token(st: _State, el: etree._Element) -> bool:
     st.out.username = got.username
     if st.out.subject is None:
         st.out.subject = got.username
-    return False
 
 
 def _bst(st: _State, el: etree._Element) -> bool:
@@ -387,11 +401,6 @@ def _check_requirements(st: _State) -> None:
         raise faults.security("InvalidSecurity", "required wsu:Timestamp missing")
     if req.username_token.required and out.username is None:
         raise faults.security("InvalidSecurity", "required UsernameToken missing")
-    if st.username_key is not None and req.signer == "symmetric":
-        # The token must be sealed under the key that signs this message: a token copied, still encrypted, from
-        # another message next to the copier's own key is someone else's.
-        if out.symmetric_key is None or not hmac.compare_digest(st.username_key, out.symmetric_key):
-            raise faults.security("InvalidSecurity", "UsernameToken encrypted under another key than the signature's")
     if req.body_encrypted and not out.decrypted_body:
         raise faults.security("InvalidSecurity", "the Body was required to be encrypted")
     if req.signer is None:
