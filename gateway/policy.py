@@ -235,9 +235,10 @@ class Route(Strict):
 
     @model_validator(mode="after")
     def _username_token_protected(self) -> Route:
-        """A UsernameToken nobody can capture: PasswordText is a readable password, and with the symmetric binding
-        (a key anyone can send in an EncryptedKey) a PasswordDigest token is the only credential, so a captured one
-        could be re-bound to another message. Both need `encrypted` or `tls`."""
+        """A UsernameToken nobody can capture. PasswordText is a readable password. A readable PasswordDigest
+        token can be re-bound: with the symmetric binding (a key anyone can send in an EncryptedKey) it is the
+        only credential, and a token read on any route can be sealed by its reader and sent to an `encrypted`
+        route. So every route that takes tokens keeps them from capture: `encrypted` or `tls`."""
         ut = self.username_token
         if not self.accepts_username_tokens or ut.protection != "none":
             return self
@@ -249,7 +250,11 @@ class Route(Strict):
                 "with hmac.allow_encrypted_key (the symmetric binding) the UsernameToken is the only credential: "
                 "protection must be encrypted or tls",
             )
-        return self
+        raise FieldError(
+            "username_token.protection",
+            "a readable UsernameToken can be captured and re-bound to another message: protection must be "
+            "encrypted or tls",
+        )
 
 
 class PolicyFile(Strict):

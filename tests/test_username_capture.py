@@ -157,7 +157,7 @@ def test_rsa_route_requires_the_token_encrypted(pki: Path) -> None:
     secured, _ = client_for(route, pki, user="alice", password=PASSWORDS["alice"], password_digest=False).secure(echo())
     assert b"alice-demo-password" not in secured
     accept(SecuredPipeline(route), secured)
-    plain = users_route(pki, "rsa", username_token={"password_types": ["digest"], "protection": "none"})
+    plain = users_route(pki, "rsa", username_token={"password_types": ["digest"], "protection": "tls"})
     readable, _ = client_for(plain, pki, user="bob", password=PASSWORDS["bob"]).secure(echo())
     fault = refuse(SecuredPipeline(route), readable, "InvalidSecurity")
     assert "not encrypted" in fault.reason
@@ -177,6 +177,14 @@ def test_rsa_route_requires_the_token_encrypted(pki: Path) -> None:
             {"username_token": {"password_types": ["text"]}, "hmac": {"allow_encrypted_key": False}},
             "PasswordText needs protection",
         ),
+        # A pre-shared key or an X.509 signer proves the signer, but the readable token could still be captured
+        # here and sealed by its reader for a route that takes it encrypted.
+        (
+            "hmac",
+            {"username_token": {"password_types": ["digest"]}, "hmac": {"allow_encrypted_key": False}},
+            "captured and re-bound",
+        ),
+        ("rsa", {"username_token": {"password_types": ["digest"]}}, "captured and re-bound"),
     ],
 )
 def test_unprotected_username_token_policies_refused(
@@ -200,10 +208,9 @@ def test_unprotected_username_token_policies_refused(
 @pytest.mark.parametrize(
     ("profile", "ut", "hmac_opts"),
     [
-        # pre-shared keys sign (they prove who signs), or the X.509 signer is the credential
-        ("hmac", {"password_types": ["digest"], "protection": "none"}, {"allow_encrypted_key": False}),
-        ("rsa", {"password_types": ["digest"], "protection": "none"}, {}),
         ("hmac", {"protection": "encrypted"}, {}),
+        ("rsa", {"protection": "encrypted"}, {}),
+        ("rsa", {"protection": "tls"}, {}),
         ("hmac", {"protection": "tls"}, {}),
     ],
 )
