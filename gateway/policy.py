@@ -231,7 +231,7 @@ class Route(Strict):
 
     @property
     def accepts_username_tokens(self) -> bool:
-        return self.profile in ("hmac", "rsa") and self.username_token.users_file is not None
+        return self.profile in ("hmac", "rsa", "secureconversation") and self.username_token.users_file is not None
 
     @model_validator(mode="after")
     def _username_token_protected(self) -> Route:
