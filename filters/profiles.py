@@ -45,12 +45,18 @@ def replay_store(route: Route) -> replay.ReplayCache:
 
 
 def failure_throttle(route: Route) -> auth_throttle.FailureThrottle:
-    """Failed UsernameToken checks per user: shared where the replay store is (all workers see the same)."""
+    """Failed UsernameToken checks per user: in Redis where the replay store is (every worker sees the same
+    counts), else in this worker's memory (counted afresh after a policy reload)."""
     ut = route.username_token
     url = _shared_store_url(route)
     if url:
-        return auth_throttle.RedisFailureThrottle(url, route.name, ut.max_failures, ut.failure_window_s)
+        return _redis_throttle(url, route.name, ut.max_failures, ut.failure_window_s)
     return auth_throttle.MemoryFailureThrottle(ut.max_failures, ut.failure_window_s)
+
+
+@cache
+def _redis_throttle(url: str, scope: str, max_failures: int, window_s: int) -> auth_throttle.RedisFailureThrottle:
+    return auth_throttle.RedisFailureThrottle(url, scope, max_failures, window_s)  # one connection pool, not per reload
 
 
 @cache
