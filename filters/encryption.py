@@ -139,6 +139,11 @@ def data_key_size(ed: etree._Element, allowed: Sequence[str]) -> int:
     return _data_algorithm(ed, allowed).key_size
 
 
+def key_size(algorithm: str) -> int:
+    """The key length a data algorithm (policy name) needs."""
+    return _DATA[algorithm].key_size
+
+
 def new_key(algorithm: str) -> bytes:
     """A fresh random key for a data algorithm (policy name)."""
     return os.urandom(_DATA[algorithm].key_size)
@@ -414,18 +419,51 @@ def encrypt_content(
 
     Each child is serialized with the namespace declarations in scope, so the plaintext stands on its own
     for any decrypting stack. `key_info` (EncryptedKey, SecurityTokenReference) goes into ds:KeyInfo."""
+    parts = [escape(el.text).encode()] if el.text else []
+    parts.extend(etree.tostring(child, encoding="utf-8", with_tail=True) for child in el)
+    ed = _encrypted_data(parts, key, algorithm, id, TYPE_CONTENT, key_info)
+    el.text = None
+    del el[:]
+    el.append(ed)
+    return ed
+
+
+@metrics.timed("encryption")
+def encrypt_element(
+    el: etree._Element, key: bytes, algorithm: str, id: str, key_info: etree._Element | None
+) -> etree._Element:
+    """Replace `el` itself (e.g. a UsernameToken in the Security header) by an xenc:EncryptedData of Type Element
+    and return it (WS-SecurityPolicy EncryptedSupportingTokens, WSS4J's `{Element}` encryption parts)."""
+    parent = el.getparent()
+    if parent is None:
+        raise ValueError("the element to encrypt needs a parent")
+    ed = _encrypted_data([etree.tostring(el, encoding="utf-8", with_tail=False)], key, algorithm, id, TYPE_ELEMENT,
+                         key_info)  # fmt: skip
+    ed.tail = el.tail
+    parent.replace(el, ed)
+    return ed
+
+
+def _encrypted_data(
+    parts: list[bytes], key: bytes, algorithm: str, id: str, kind: str, key_info: etree._Element | None
+) -> etree._Element:
     alg = _DATA[algorithm]
     if len(key) != alg.key_size:
         raise ValueError(f"{algorithm} needs a {alg.key_size}-byte key, got {len(key)}")
-    parts = [escape(el.text).encode()] if el.text else []
-    parts.extend(etree.tostring(child, encoding="utf-8", with_tail=True) for child in el)
     encoded = _encrypt(alg, key, parts)
-    el.text = None
-    del el[:]
-    ed = etree.SubElement(el, q(XENC, "EncryptedData"), {"Id": id, "Type": TYPE_CONTENT}, nsmap={"xenc": XENC})
+    ed = etree.Element(q(XENC, "EncryptedData"), {"Id": id, "Type": kind}, nsmap={"xenc": XENC})
     etree.SubElement(ed, q(XENC, "EncryptionMethod"), Algorithm=alg.uri)
     if key_info is not None:
         etree.SubElement(ed, q(DS, "KeyInfo"), nsmap={"ds": DS}).append(key_info)
     cipher_data = etree.SubElement(ed, q(XENC, "CipherData"))
     etree.SubElement(cipher_data, q(XENC, "CipherValue")).text = encoded.decode("ascii")
     return ed
+
+
+def add_references(ek: etree._Element, ids: list[str]) -> None:
+    """Name more EncryptedData (by Id) in an EncryptedKey's ReferenceList, making the list if need be."""
+    reflist = _child(ek, q(XENC, "ReferenceList"), "EncryptedKey")
+    if reflist is None:
+        reflist = etree.SubElement(ek, q(XENC, "ReferenceList"))
+    for rid in ids:
+        etree.SubElement(reflist, q(XENC, "DataReference"), URI="#" + rid)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lxml import etree
 
-from filters import encryption, faults, header_blocks, keys, metrics, ns, replay, signature, wssecurity
+from filters import auth_throttle, encryption, faults, header_blocks, keys, metrics, ns, replay, signature, wssecurity
 from filters import secure_conversation as sc
 from filters.engine import Exchange, Outcome, RoutePipeline
 from filters.optimizations import Optimizations
@@ -28,14 +28,35 @@ REDIS_URL_ENV = "WSGATE_REDIS_URL"  # set by `wsgate up` (its own Redis) or by t
 RESPONSE_TIMESTAMP_TTL_S = 300
 
 
-def replay_store(route: Route) -> replay.ReplayCache:
+def _shared_store_url(route: Route) -> str | None:
+    """The Redis URL the route's replay store uses, or None when it keeps to the worker's memory."""
     policy = route.replay
     url = policy.redis_url or os.environ.get(REDIS_URL_ENV)
     if policy.store == "memory" or (policy.store == "auto" and not url):
-        return _memory_store(policy.max_entries)
+        return None
     if not url:
         raise faults.server(f"route {route.name}: replay store redis needs redis_url or {REDIS_URL_ENV}")
-    return _redis_store(url)
+    return url
+
+
+def replay_store(route: Route) -> replay.ReplayCache:
+    url = _shared_store_url(route)
+    return _redis_store(url) if url else _memory_store(route.replay.max_entries)
+
+
+def failure_throttle(route: Route) -> auth_throttle.FailureThrottle:
+    """Failed UsernameToken checks per user: in Redis where the replay store is (every worker sees the same
+    counts), else in this worker's memory (counted afresh after a policy reload)."""
+    ut = route.username_token
+    url = _shared_store_url(route)
+    if url:
+        return _redis_throttle(url, route.name, ut.max_failures, ut.failure_window_s)
+    return auth_throttle.MemoryFailureThrottle(ut.max_failures, ut.failure_window_s)
+
+
+@cache
+def _redis_throttle(url: str, scope: str, max_failures: int, window_s: int) -> auth_throttle.RedisFailureThrottle:
+    return auth_throttle.RedisFailureThrottle(url, scope, max_failures, window_s)  # one connection pool, not per reload
 
 
 @cache
@@ -70,7 +91,9 @@ class SecuredPipeline(RoutePipeline):
         )
         self.optimizations = Optimizations.for_route(route)
         self.credentials = wssecurity.Credentials(
-            users=Users.load(route.username_token.users_file) if route.username_token.users_file else None,
+            users=Users.load(route.username_token.users_file, throttle=failure_throttle(route))
+            if route.username_token.users_file
+            else None,
             replay=replay_store(route),
             optimizations=self.optimizations,
         )

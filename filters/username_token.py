@@ -12,7 +12,7 @@ import binascii
 import hashlib
 import hmac
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +23,7 @@ import yaml
 from lxml import etree
 
 from filters import faults, ns
+from filters.auth_throttle import FailureThrottle
 from filters.timestamp import check_fresh, format_datetime, parse_datetime
 from gateway.policy import UsernameTokenPolicy
 
@@ -36,6 +37,7 @@ PasswordType = Literal["text", "digest"]
 _TYPES: dict[str, PasswordType] = {ns.PASSWORD_TEXT: "text", ns.PASSWORD_DIGEST: "digest"}
 MIN_NONCE_BYTES = 16
 _SCRYPT_MAXMEM = 64 * 1024 * 1024  # refuse hash parameters that would need more memory per check
+_DEFAULT_SCRYPT = (2**14, 8, 1, 32)  # certs.pki.hash_password's (n, r, p, length), for files without hashes
 
 
 def _b64(text: str) -> bytes:
@@ -78,6 +80,11 @@ class ScryptHash:
     def matches(self, password: bytes) -> bool:
         return hmac.compare_digest(self.derive(password, self.salt), self.digest)
 
+    def with_digest_of(self, password: str) -> ScryptHash:
+        """A hash of `password` with these parameters and a fresh salt."""
+        salt = os.urandom(16)
+        return ScryptHash(self.n, self.r, self.p, salt, self.derive(password.encode(), salt))
+
 
 @dataclass(frozen=True)
 class User:
@@ -101,19 +108,41 @@ class Verified:
 class Users:
     """The users a route accepts, with a bounded cache of recent successful PasswordText checks.
 
-    The cache saves the deliberately slow scrypt on a hot path. Its keys are (username, HMAC-SHA256 of the
-    password under a per-instance random key): no plaintext is kept and nothing precomputed matches them."""
+    Equal work (an unknown user must not be told apart by time): every PasswordText check runs one scrypt
+    derivation with the file's one parameter set, against the user's hash, a hash of the stored password made at
+    load, or a dummy for an unknown user; every PasswordDigest check runs one SHA-1 over the stored password or a
+    dummy. `work` counts the primitives run, so tests can assert it. The cache saves the scrypt on a hot path; its
+    keys are (username, HMAC-SHA256 of the password under a per-instance random key), and only a right password
+    can hit it. `throttle`, when given, refuses a user with too many recent failures without checking."""
 
-    def __init__(self, users: Mapping[str, User], cache_size: int = 1024) -> None:
+    def __init__(
+        self, users: Mapping[str, User], cache_size: int = 1024, throttle: FailureThrottle | None = None
+    ) -> None:
         if cache_size < 0:
             raise ValueError("cache_size must not be negative")
         self._users = dict(users)
         self._cache_size = cache_size
         self._cache: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._cache_key = os.urandom(32)
+        self.throttle = throttle
+        self.work: Counter[str] = Counter()
+        params = {(u.password_hash.n, u.password_hash.r, u.password_hash.p, len(u.password_hash.digest)): u.name
+                  for u in self._users.values() if u.password_hash is not None}  # fmt: skip
+        if len(params) > 1:
+            raise ValueError(
+                f"user {list(params.values())[-1]!r}: scrypt parameters differ from other users' (one set per file, "
+                "so that every user, known or not, costs the same)"
+            )
+        n, r, p, dklen = next(iter(params), _DEFAULT_SCRYPT)
+        self._dummy = ScryptHash(n, r, p, os.urandom(16), os.urandom(dklen))
+        self._dummy_password = base64.b64encode(os.urandom(24)).decode()
+        # Stored passwords are checked like hashes, through a derivation made now with a fresh salt.
+        self._text_hashes = {
+            u.name: u.password_hash or self._dummy.with_digest_of(u.password or "") for u in self._users.values()
+        }
 
     @classmethod
-    def load(cls, path: Path | str, cache_size: int = 1024) -> Users:
+    def load(cls, path: Path | str, cache_size: int = 1024, throttle: FailureThrottle | None = None) -> Users:
         """Read a users.yaml; any malformed entry refuses the whole file (ValueError naming the entry)."""
         try:
             doc = yaml.safe_load(Path(path).read_text())
@@ -138,23 +167,24 @@ class Users:
                     users[name] = User(name, password_hash=ScryptHash.parse(value))
                 except ValueError as exc:
                     raise ValueError(f"{path}: user {name!r}: {exc}") from None
-        return cls(users, cache_size)
+        try:
+            return cls(users, cache_size, throttle)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
     def get(self, name: str) -> User | None:
         return self._users.get(name)
 
-    def check_text(self, user: User, password: str) -> bool:
-        """Does `password` (a PasswordText value) match the user's credential?"""
+    def check_text(self, user: User | None, password: str) -> bool:
+        """Does `password` (a PasswordText value) match the user's credential? One scrypt, user or not."""
         sent = password.encode()
-        if user.password is not None:
-            # Compared as hashes so the time does not depend on the stored password's length either.
-            return hmac.compare_digest(hashlib.sha256(sent).digest(), hashlib.sha256(user.password.encode()).digest())
-        assert user.password_hash is not None  # Users.load gives every user one credential
-        key = (user.name, hmac.digest(self._cache_key, sent, "sha256"))
-        if key in self._cache:
+        key = (user.name, hmac.digest(self._cache_key, sent, "sha256")) if user is not None else None
+        if key is not None and key in self._cache:
             self._cache.move_to_end(key)
             return True
-        if not user.password_hash.matches(sent):
+        target = self._text_hashes[user.name] if user is not None else self._dummy
+        self.work[f"scrypt:{target.n}:{target.r}:{target.p}"] += 1
+        if not target.matches(sent) or key is None:
             return False
         if self._cache_size:
             self._cache[key] = None
@@ -162,10 +192,13 @@ class Users:
                 self._cache.popitem(last=False)
         return True
 
-
-def _burn_scrypt(password: str) -> None:
-    """Spend what a hash check costs (certs.pki's parameters): an unknown user is not told apart by time."""
-    ScryptHash(2**14, 8, 1, b"\0" * 16, b"\0" * 32).derive(password.encode(), os.urandom(16))
+    def check_digest(self, user: User | None, digest: bytes, nonce: bytes, created: str) -> bool:
+        """Is `digest` Base64-decoded SHA-1(nonce + created + password)? One SHA-1, user or not, password kept or
+        not (a hash-only user cannot pass: PasswordDigest needs the password itself)."""
+        stored = user.password if user is not None else None
+        self.work["sha1"] += 1
+        want = hashlib.sha1(nonce + created.encode() + (stored or self._dummy_password).encode()).digest()
+        return hmac.compare_digest(digest, want) and stored is not None
 
 
 def _only(token: etree._Element, tag: str, required: bool) -> etree._Element | None:
@@ -237,27 +270,32 @@ def verify(
         check_fresh(created, now, max_age_s, skew_s, "UsernameToken Created")
 
     sent = password_el.text or ""
-    user = users.get(username)
-    if kind == "text":
-        if user is None:
-            _burn_scrypt(sent)
-            raise faults.security("FailedAuthentication", f"{who}: unknown user")
-        if not users.check_text(user, sent):
-            raise faults.security("FailedAuthentication", f"{who}: wrong password")
-    else:
-        assert nonce is not None and created_el is not None  # checked above for digest
-        if user is None:
-            raise faults.security("FailedAuthentication", f"{who}: unknown user")
-        if user.password is None:
-            raise faults.security("FailedAuthentication", f"{who}: only a hash is stored, PasswordDigest impossible")
+    digest = b""
+    if kind == "digest":
         try:
-            got = _b64(sent)
+            digest = _b64(sent)
         except binascii.Error:
             raise faults.security("InvalidSecurity", "UsernameToken PasswordDigest is not base64") from None
+    # Known or not: a user with too many recent failures is refused without a check (auth_throttle).
+    if users.throttle is not None and users.throttle.blocked(username):
+        raise faults.security("FailedAuthentication", f"{who}: too many recent failures, refused unchecked")
+    user = users.get(username)
+    if kind == "text":
+        ok = users.check_text(user, sent)
+    else:
+        assert nonce is not None and created_el is not None  # checked above for digest
         # The digest covers Created exactly as sent, not as we parsed it.
-        want = hashlib.sha1(nonce + (created_el.text or "").encode() + user.password.encode()).digest()
-        if not hmac.compare_digest(got, want):
-            raise faults.security("FailedAuthentication", f"{who}: wrong password digest")
+        ok = users.check_digest(user, digest, nonce, created_el.text or "")
+    if not ok:
+        if users.throttle is not None:
+            users.throttle.failed(username)
+        if user is None:
+            why = "unknown user"
+        elif kind == "digest" and user.password is None:
+            why = "only a hash is stored, PasswordDigest impossible"
+        else:
+            why = "wrong password" if kind == "text" else "wrong password digest"
+        raise faults.security("FailedAuthentication", f"{who}: {why}")
     return Verified(username=username, password_type=kind, nonce=nonce, created=created)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import itertools
 import uuid
 from collections.abc import Callable, Mapping
@@ -116,6 +117,9 @@ class _State:
     secret_by_sha1: dict[str, bytes] = field(default_factory=dict)  # EncryptedKeys by EncryptedKeySHA1
     decrypted: list[tuple[etree._Element, list[etree._Element], bool]] = field(default_factory=list)
     derived_ids: set[str] = field(default_factory=set)  # DerivedKeyTokens, by wsu:Id, whose keys are in secret_by_id
+    decrypted_with: dict[int, bytes] = field(default_factory=dict)  # id() of an element decrypted whole -> its key
+    username_token: etree._Element | None = None  # the header's one UsernameToken, authenticated after the walk
+    username_key: bytes | None = None  # the key it arrived encrypted under
     scts: dict[str, sc.Sct] = field(default_factory=dict)
     resolve: sc.SctResolver | None = None  # the message's one resolver: each context looked up once
     signatures: int = 0
@@ -159,6 +163,8 @@ def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime)
         # A decrypted header token takes the place of its EncryptedData: read it next.
         if not replaced:
             i += 1
+    if st.username_token is not None:
+        _authenticate_user(st, st.username_token)
     _identify(st)
     _check_requirements(st)
     _strip(env, security)
@@ -202,10 +208,27 @@ def _replay_ttl(st: _State) -> float:
 
 
 def _username_token(st: _State, el: etree._Element) -> bool:
-    if st.out.username is not None:
+    """Noted here, authenticated after the walk (_authenticate_user): once the signature and decryptions are known."""
+    if st.username_token is not None:
         raise faults.security("InvalidSecurity", "more than one wsse:UsernameToken")
     if st.creds.users is None:
         raise faults.security("InvalidSecurity", "UsernameToken sent to a route without users")
+    if st.req.username_token.protection == "encrypted":
+        # EncryptedSupportingTokens: a token that came readable may have been captured; refused before any check.
+        st.username_key = st.decrypted_with.get(id(el))
+        if st.username_key is None:
+            raise faults.security("InvalidSecurity", "UsernameToken not encrypted (protection: encrypted)")
+    st.username_token = el
+    return False
+
+
+def _authenticate_user(st: _State, el: etree._Element) -> None:
+    if st.username_key is not None and st.req.signer == "symmetric":
+        # The token must be sealed under the key that signs this message: a token copied, still encrypted, from
+        # another message next to the copier's own key is someone else's. Checked before the password, so a
+        # copy neither costs a check nor uses up the owner's nonce.
+        if st.out.symmetric_key is None or not hmac.compare_digest(st.username_key, st.out.symmetric_key):
+            raise faults.security("InvalidSecurity", "UsernameToken encrypted under another key than the signature's")
     tp = st.req.timestamp
     got = username_token.verify(el, st.creds.users, st.req.username_token, st.now, tp.max_age_s, tp.clock_skew_s)
     if got.nonce is not None and st.creds.replay is not None:
@@ -215,7 +238,6 @@ def _username_token(st: _State, el: etree._Element) -> bool:
     st.out.username = got.username
     if st.out.subject is None:
         st.out.subject = got.username
-    return False
 
 
 def _bst(st: _State, el: etree._Element) -> bool:
@@ -268,6 +290,9 @@ def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
     landing = encryption.decrypt_data(ed, secret, st.req.encryption.data_algorithms, st.req.limits)
     drop_comments(parent)  # decrypted content is read and forwarded like the rest
     st.decrypted.append((parent, landing, was_signed))
+    for node in landing:
+        if node is not parent:  # Type Element: this element itself was encrypted
+            st.decrypted_with[id(node)] = secret
     if parent is st.env.body:
         st.out.decrypted_body = True
 
@@ -537,13 +562,16 @@ def secure(
     symmetric_binding: tuple[bytes, x509.Certificate, str] | None = None,
     tokens: tuple[etree._Element, ...] = (),
     unique_ids: bool = False,
+    encrypt_user: EncryptFor | None = None,
 ) -> Secured:
     """Add a Security header to `env` as the arguments say (WSS4J's "Timestamp UsernameToken Signature Encrypt").
 
     `symmetric_binding` = (secret, recipient certificate, transport): the client side of the WS-SecurityPolicy
     symmetric binding; the secret travels in an EncryptedKey that the signature and encryption refer to.
     `tokens` (a SecurityContextToken, DerivedKeyTokens) go first, in order: what follows refers to them.
-    `unique_ids`: random ids (clients); otherwise per-message counters (the gateway: see _MessageIds)."""
+    `unique_ids`: random ids (clients); otherwise per-message counters (the gateway: see _MessageIds).
+    `encrypt_user`: the UsernameToken, once signed, is replaced by an EncryptedData (EncryptedSupportingTokens);
+    give it the signing key (the binding's, or a pre-shared one) so the receiver can tie the two together."""
     drop_comments(env.root)  # what the receiver's C14N verifies is then all there is to read
     header = env.ensure_header()
     security = etree.Element(SECURITY, nsmap={"wsse": ns.WSSE, "wsu": ns.WSU})
@@ -557,6 +585,7 @@ def secure(
         security.insert(0, ts)
         if "timestamp" in sign_parts:
             to_sign.append(ts)
+    ut: etree._Element | None = None
     if user is not None:
         ut = username_token.create(user[0], user[1], user[2], now, ids("UsernameToken"))
         security.insert(0, ut)
@@ -590,6 +619,8 @@ def secure(
         if sign.certificate is not None:
             bst_id = _bst_id(sig)
             security.insert(0, keys.make_bst(sign.certificate, bst_id))
+    if encrypt_user is not None and ut is not None:
+        _encrypt_token(security, ut, encrypt_user, ek, binding_ref)
     if encrypt is not None:
         _encrypt_body(env, security, encrypt, ek, binding_ref)
     elif ek is not None:
@@ -611,6 +642,34 @@ def _bst_id(sig: etree._Element) -> str:
     if ref is None:
         raise ValueError("an X.509 SignWith needs a KeyInfo with a direct reference to its token")
     return (ref.get("URI") or "").removeprefix("#")
+
+
+def _encrypt_token(
+    security: etree._Element,
+    token: etree._Element,
+    spec: EncryptFor,
+    ek: etree._Element | None,
+    binding_ref: Callable[[], etree._Element] | None,
+) -> None:
+    """Replace a header token by an EncryptedData naming its key (WSS4J's `encryptionParts={Element}{ns}Token`),
+    listed where a receiver reads it before the signature: in the binding's EncryptedKey's ReferenceList, as WSS4J
+    writes it, or else in a ReferenceList on top of the header."""
+    ed_id = new_id("ED")
+    if spec.certificate is not None:
+        secret = encryption.new_key(spec.algorithm)
+        key_info = encryption.encrypt_key(secret, spec.certificate, spec.transport, new_id("EK"),
+                                          spec.certificate_reference(spec.certificate), [])  # fmt: skip
+        encryption.encrypt_element(token, secret, spec.algorithm, ed_id, key_info)
+    else:
+        name_key = spec.secret_key_info or binding_ref
+        assert spec.secret is not None and name_key is not None
+        encryption.encrypt_element(token, spec.secret, spec.algorithm, ed_id, name_key())
+        if ek is not None and spec.secret_key_info is None:
+            encryption.add_references(ek, [ed_id])
+            return
+    reflist = etree.Element(REFERENCE_LIST, nsmap={"xenc": ns.XENC})
+    etree.SubElement(reflist, ns.q(ns.XENC, "DataReference"), URI=f"#{ed_id}")
+    security.insert(0, reflist)
 
 
 def _encrypt_body(

@@ -119,6 +119,18 @@ class Client:
     def encrypts(self) -> bool:
         return self.route.encryption.require_request if self.cfg.encrypt is None else self.cfg.encrypt
 
+    @property
+    def encrypts_user(self) -> bool:
+        """The route wants the UsernameToken encrypted (EncryptedSupportingTokens), and we send one."""
+        return bool(self.cfg.user) and self.route.username_token.protection == "encrypted"
+
+    def _algorithm_for(self, secret: bytes) -> str:
+        """The route's first data algorithm that takes a key of this length."""
+        for algorithm in self.route.encryption.data_algorithms:
+            if encryption.key_size(algorithm) == len(secret):
+                return algorithm
+        raise ClientError(f"route {self.route.name}: no data algorithm for a {len(secret)}-byte key")
+
     def secure(self, plain: bytes) -> tuple[bytes, Pending]:
         """The request, secured; and what is needed to open its reply."""
         env = parse_envelope(plain, self.route.limits)
@@ -133,6 +145,8 @@ class Client:
         route, cfg = self.route, self.cfg
         user = (cfg.user, cfg.password or "", cfg.password_digest) if cfg.user else None
         parts = tuple(route.signature.parts)
+        if self.encrypts_user and "username_token" not in parts:
+            parts += ("username_token",)  # decrypted content must be signed (SignedEncryptedSupportingTokens)
         algorithm = route.encryption.data_algorithms[0]
         transport = route.encryption.key_transport[0]
         pending = Pending(soap_version=env.version)
@@ -140,10 +154,11 @@ class Client:
             bst_id = wssecurity.new_id("X509")
             sign = wssecurity.SignWith(self.signer, lambda: keys.str_reference(bst_id, ns.X509V3), self.certificate)
             encrypt = None
-            if self.encrypts:
+            if self.encrypts or self.encrypts_user:
                 encrypt = wssecurity.EncryptFor(algorithm, certificate=self._gateway_cert(), transport=transport)
             wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
-                              encrypt=encrypt, user=user, unique_ids=True)  # fmt: skip
+                              encrypt=encrypt if self.encrypts else None, user=user, unique_ids=True,
+                              encrypt_user=encrypt if self.encrypts_user else None)  # fmt: skip
             return env.serialize(), pending
         if cfg.key_name:
             secret = self.psk.get(cfg.key_name)
@@ -154,19 +169,22 @@ class Client:
                 signature.Signer(secret, self.hmac_algorithm, self.digest), lambda: keys.key_name(name)
             )
             encrypt = None
-            if self.encrypts:
-                encrypt = wssecurity.EncryptFor(algorithm, secret=secret, secret_key_info=lambda: keys.key_name(name))
+            if self.encrypts or self.encrypts_user:
+                encrypt = wssecurity.EncryptFor(self._algorithm_for(secret), secret=secret,
+                                                secret_key_info=lambda: keys.key_name(name))  # fmt: skip
             wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
-                              encrypt=encrypt, user=user, unique_ids=True)  # fmt: skip
+                              encrypt=encrypt if self.encrypts else None, user=user, unique_ids=True,
+                              encrypt_user=encrypt if self.encrypts_user else None)  # fmt: skip
             pending.secret = secret
             return env.serialize(), pending
         # The symmetric binding: a fresh key, sent encrypted to the gateway, signs and encrypts.
-        secret = encryption.new_key(algorithm) if self.encrypts else os.urandom(32)
+        secret = encryption.new_key(algorithm) if self.encrypts or self.encrypts_user else os.urandom(32)
         sign = wssecurity.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest), None)
-        encrypt = wssecurity.EncryptFor(algorithm, secret=secret) if self.encrypts else None
+        encrypt = wssecurity.EncryptFor(algorithm, secret=secret)
         got = wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
-                                encrypt=encrypt, user=user,
-                                symmetric_binding=(secret, self._gateway_cert(), transport), unique_ids=True)  # fmt: skip
+                                encrypt=encrypt if self.encrypts else None, user=user,
+                                symmetric_binding=(secret, self._gateway_cert(), transport), unique_ids=True,
+                                encrypt_user=encrypt if self.encrypts_user else None)  # fmt: skip
         pending.secret, pending.encrypted_key_sha1 = secret, got.encrypted_key_sha1
         return env.serialize(), pending
 

@@ -185,8 +185,8 @@ def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
     entries = []
     for m in matches:
         entry: dict[str, Any] = {"name": route.name, "match": m}
-        if route.profile == "tls" and not tls_listener:
-            # A `tls` route is not served over plain HTTP: 426 Upgrade Required (a SOAP fault), never the backend.
+        if route.https_only and not tls_listener:
+            # An HTTPS-only route is not served over plain HTTP: 426 Upgrade Required (a SOAP fault), never the backend.
             entry["direct_response"] = {"status": 426}
             entry["typed_per_filter_config"] = _DISABLED
             entries.append(entry)

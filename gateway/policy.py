@@ -31,6 +31,14 @@ class PolicyError(Exception):
     """A policy problem, with the file, the route and the field it is about."""
 
 
+class FieldError(ValueError):
+    """A route-level check's error about one field (dotted path), reported as that field's."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
 class Match(Strict):
     path_prefix: str = Field(pattern=r"^/")
     soap_action: str | None = None  # exact SOAPAction header value (quotes stripped), when given
@@ -80,10 +88,20 @@ class TimestampPolicy(Strict):
     max_age_s: int = Field(default=300, gt=0)  # how old Created may be, Expires or not
 
 
+UsernameTokenProtection = Literal["none", "encrypted", "tls"]
+
+
 class UsernameTokenPolicy(Strict):
     required: bool = False
     users_file: str | None = None
     password_types: list[Literal["text", "digest"]] = ["digest", "text"]
+    # How the token is kept from capture: `encrypted` (WS-SecurityPolicy EncryptedSupportingTokens: an
+    # EncryptedData in the Security header, under the key that signs the message), `tls` (the route is served on
+    # the HTTPS listener only) or `none`. Route validation refuses `none` where the token would travel readable
+    # and be the only credential (see Route._username_token_protected).
+    protection: UsernameTokenProtection = "none"
+    max_failures: int = Field(default=5, ge=1)  # per username and window, then refused unchecked (auth_throttle)
+    failure_window_s: int = Field(default=60, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _users(self) -> UsernameTokenPolicy:
@@ -236,8 +254,36 @@ class Route(Strict):
         return self.touches_xml and self.profile != "xml"
 
     @property
-    def needs_tls_listener_only(self) -> bool:
-        return self.profile == "tls"
+    def https_only(self) -> bool:
+        """Served on the TLS listener only (426 on plain HTTP): `tls` routes, and UsernameTokens kept by TLS."""
+        return self.profile == "tls" or (self.accepts_username_tokens and self.username_token.protection == "tls")
+
+    @property
+    def accepts_username_tokens(self) -> bool:
+        return self.profile in ("hmac", "rsa", "secureconversation") and self.username_token.users_file is not None
+
+    @model_validator(mode="after")
+    def _username_token_protected(self) -> Route:
+        """A UsernameToken nobody can capture. PasswordText is a readable password. A readable PasswordDigest
+        token can be re-bound: with the symmetric binding (a key anyone can send in an EncryptedKey) it is the
+        only credential, and a token read on any route can be sealed by its reader and sent to an `encrypted`
+        route. So every route that takes tokens keeps them from capture: `encrypted` or `tls`."""
+        ut = self.username_token
+        if not self.accepts_username_tokens or ut.protection != "none":
+            return self
+        if "text" in ut.password_types:
+            raise FieldError("username_token.protection", "PasswordText needs protection: encrypted or tls")
+        if self.profile == "hmac" and self.hmac.allow_encrypted_key:
+            raise FieldError(
+                "username_token.protection",
+                "with hmac.allow_encrypted_key (the symmetric binding) the UsernameToken is the only credential: "
+                "protection must be encrypted or tls",
+            )
+        raise FieldError(
+            "username_token.protection",
+            "a readable UsernameToken can be captured and re-bound to another message: protection must be "
+            "encrypted or tls",
+        )
 
 
 class PolicyFile(Strict):
@@ -305,8 +351,11 @@ def _describe(err: ValidationError, doc: object, path: Path) -> str:
                 name = item.get("name") if isinstance(item, dict) else None
             where += f": route {name or f'#{idx + 1}'}"
             loc = loc[2:]
-        field = ".".join(str(x) for x in loc) or "(route)"
-        lines.append(f"{where}: field {field}: {e['msg']}")
+        field, msg = ".".join(str(x) for x in loc) or "(route)", e["msg"]
+        error = e.get("ctx", {}).get("error")
+        if isinstance(error, FieldError):
+            field, msg = ".".join(filter(None, [field if loc else "", error.field])), error.message
+        lines.append(f"{where}: field {field}: {msg}")
     return "\n".join(lines)
 
 

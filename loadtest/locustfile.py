@@ -6,8 +6,9 @@
 User classes (routes of policies/demo.yaml, or of WSGATE_POLICIES): PlainUser (none, /plain/), TlsUser (tls,
 HTTPS on the 8443 listener, verified against certs/out/ca.pem), XmlUser (xml), HmacUser (hmac), RsaUser (rsa:
 X.509 signatures both ways), RsaEncryptedUser (rsa-encrypted: signed and encrypted both ways), UsernameUser
-(username: UsernameToken, PasswordDigest, signed with HMAC), SecureConversationUser (sc: messages in a
-WS-SecureConversation context, established once per Locust process before the test starts).
+(username: UsernameToken, PasswordDigest, signed with HMAC and encrypted under the signing key),
+SecureConversationUser (sc: messages in a WS-SecureConversation context, established once per Locust process before
+the test starts).
 
 Sizes, one task each, tagged: small (echo, ~1 KB request), large (echo, ~30 KB request), huge (query of 3500
 rows, ~1 MB response). `--tags large huge` picks sizes; without tags, LOAD_SIZE (comma-separated, default

@@ -43,6 +43,7 @@ try:
     from zeep.exceptions import Fault as ZeepFault
     from zeep.exceptions import SignatureVerificationFailed
     from zeep.plugins import HistoryPlugin
+    from zeep.transports import Transport
     from zeep.wsse.compose import Compose
     from zeep.wsse.signature import BinarySignature, MemorySignature, verify_envelope
     from zeep.wsse.username import UsernameToken
@@ -89,7 +90,13 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
     return [
         route_doc(pki, "rsa", name="rsa"),
         route_doc(pki, "rsa", name="rsa-sha1", signature=SHA1_TOO),
-        route_doc(pki, "rsa", name="ut", username_token={"required": True, "users_file": str(pki / "users.yaml")}),
+        # PasswordText travels readable: the route is HTTPS-only (plain HTTP gets 426).
+        route_doc(
+            pki,
+            "rsa",
+            name="ut",
+            username_token={"required": True, "users_file": str(pki / "users.yaml"), "protection": "tls"},
+        ),
     ]
 
 
@@ -226,9 +233,18 @@ def zeep_signer(pki: Path, sha256: bool) -> Any:
     return BinarySignature(str(pki / "client.key"), str(pki / "client.pem"))  # zeep's defaults: rsa-sha1, sha1
 
 
-def zeep_service(gw: Any, route_name: str, wsse: Any, history: Any) -> Any:
-    client = zeep.Client(str(WSDL), wsse=wsse, plugins=[history] if history else [])
-    return client.create_service(DEMO_BINDING, gateway_url(gw, f"/{route_name}/echo"))
+def zeep_service(gw: Any, route_name: str, wsse: Any, history: Any, ca: Path | None = None) -> Any:
+    """zeep's service on a route, over HTTPS trusting `ca` when given."""
+    transport = None
+    url = gateway_url(gw, f"/{route_name}/echo")
+    if ca is not None:
+        session = requests.Session()
+        session.verify = str(ca)
+        session.trust_env = False  # else REQUESTS_CA_BUNDLE from the environment overrides `verify`
+        transport = Transport(session=session)
+        url = f"https://localhost:{gw.opts.https_port}/{route_name}/echo"
+    client = zeep.Client(str(WSDL), wsse=wsse, plugins=[history] if history else [], transport=transport)
+    return client.create_service(DEMO_BINDING, url)
 
 
 def zeep_sent(history: Any) -> etree._Element:
@@ -318,7 +334,7 @@ def test_zeep_username_token_with_binary_signature(
     history = HistoryPlugin()
     token = UsernameToken(user, DEMO_USERS[user], use_digest=digest, timestamp_token=zeep_timestamp())
     sign = SignWithClientVerifyGateway(zeep_signer(pki, sha256=True), (pki / "gateway-sign.pem").read_bytes())
-    service = zeep_service(gw, "ut", Compose([token, sign]), history)
+    service = zeep_service(gw, "ut", Compose([token, sign]), history, ca=pki / "ca.pem")
 
     assert service.echo(text=f"hello {user}") == f"hello {user}"
 
@@ -334,7 +350,7 @@ def test_zeep_username_token_with_binary_signature(
 def test_zeep_username_token_wrong_password_refused(need_zeep: None, gw: Any, pki: Path) -> None:
     clear_received(gw)
     token = UsernameToken("bob", "not-bobs-password", use_digest=True, timestamp_token=zeep_timestamp())
-    service = zeep_service(gw, "ut", Compose([token, SignOnly(zeep_signer(pki, sha256=True))]), None)
+    service = zeep_service(gw, "ut", Compose([token, SignOnly(zeep_signer(pki, sha256=True))]), None, ca=pki / "ca.pem")
     with pytest.raises(ZeepFault) as refused:
         service.echo(text="let me in")
     assert "FailedAuthentication" in str(refused.value.code), (refused.value.code, refused.value.message)

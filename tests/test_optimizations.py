@@ -224,7 +224,7 @@ CLIENTS = {
     "rsa-encrypted": ({"encryption": {"require_request": True, "encrypt_response": True}}, {}),
     "hmac-psk": ({}, {"key_name": "demo-client"}),
     "hmac-symmetric-binding": ({"encryption": {"require_request": True, "encrypt_response": True}}, {}),
-    "username": ({"username_token": {"required": True, "users_file": "USERS"},
+    "username": ({"username_token": {"required": True, "users_file": "USERS", "protection": "encrypted"},
                   "signature": {"parts": ["body", "timestamp", "username_token"]}},
                  {"user": "bob", "password": "bob-demo-password"}),
 }  # fmt: skip

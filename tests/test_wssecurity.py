@@ -63,8 +63,10 @@ CLIENT2_SUBJECT = "CN=Demo Client Two,O=WSGate Demo"
 
 
 def users_route(pki: Path, profile: str = "hmac", **extra: Any) -> Route:
-    """A route that requires a UsernameToken from the demo users (alice: PasswordText hash, bob: digest-capable)."""
-    return make_route(pki, profile, username_token={"required": True, "users_file": str(pki / "users.yaml")}, **extra)
+    """A route that requires a UsernameToken from the demo users (alice: PasswordText hash, bob: digest-capable),
+    encrypted under the signing key (EncryptedSupportingTokens)."""
+    ut = {"required": True, "users_file": str(pki / "users.yaml"), "protection": "encrypted"}
+    return make_route(pki, profile, username_token={**ut, **extra.pop("username_token", {})}, **extra)
 
 
 @dataclass
@@ -340,9 +342,7 @@ def test_username_token(pki: Path, user: str, digest: bool) -> None:
     route = users_route(pki)
     client = client_for(route, pki, key_name="demo-client", user=user, password=PASSWORDS[user], password_digest=digest)
     secured, pending = client.secure(echo())
-    password = etree.fromstring(secured).find(f".//{ns.q(ns.WSSE, 'Password')}")
-    assert password is not None
-    assert password.get("Type") == (ns.PASSWORD_DIGEST if digest else ns.PASSWORD_TEXT)
+    assert b"<wsse:UsernameToken" not in secured and PASSWORDS[user].encode() not in secured  # travels encrypted
     t = trip(SecuredPipeline(route), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_opened(t.opened)
@@ -658,8 +658,8 @@ def test_replayed_message_refused(pki: Path, profile: str, extra: dict[str, Any]
 @pytest.mark.parametrize(("user", "digest"), [("alice", False), ("bob", True)], ids=["alice-text", "bob-digest"])
 def test_replayed_username_token_nonce_refused(pki: Path, user: str, digest: bool) -> None:
     """A fresh, validly signed message that carries a UsernameToken seen before (Body and Timestamp signed, the
-    token not): the nonce gives it away."""
-    route = users_route(pki)
+    token not, readable: the route relies on TLS): the nonce gives it away."""
+    route = users_route(pki, username_token={"protection": "tls"})
     pipeline = SecuredPipeline(route)
     client = client_for(route, pki, key_name="demo-client", user=user, password=PASSWORDS[user], password_digest=digest)
     first, _ = client.secure(echo())
@@ -837,8 +837,9 @@ def test_password_type_not_allowed(pki: Path) -> None:
     route = make_route(
         pki,
         "hmac",
-        username_token={"required": True, "users_file": str(pki / "users.yaml"), "password_types": ["digest"]},
-    )
+        username_token={"required": True, "users_file": str(pki / "users.yaml"), "password_types": ["digest"],
+                        "protection": "encrypted"},
+    )  # fmt: skip
     client = client_for(
         route, pki, key_name="demo-client", user="bob", password=PASSWORDS["bob"], password_digest=False
     )

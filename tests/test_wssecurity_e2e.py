@@ -40,7 +40,7 @@ def routes(pki: Path) -> list[dict]:
             "hmac",
             name="username",
             replay={"store": "auto"},
-            username_token={"required": True, "users_file": str(pki / "users.yaml")},
+            username_token={"required": True, "users_file": str(pki / "users.yaml"), "protection": "encrypted"},
         ),
     ]
 
