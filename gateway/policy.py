@@ -273,11 +273,11 @@ class Route(Strict):
             return self
         if "text" in ut.password_types:
             raise FieldError("username_token.protection", "PasswordText needs protection: encrypted or tls")
-        if self.profile == "hmac" and self.hmac.allow_encrypted_key:
+        if self.profile == "hmac":
             raise FieldError(
                 "username_token.protection",
-                "with hmac.allow_encrypted_key (the symmetric binding) the UsernameToken is the only credential: "
-                "protection must be encrypted or tls",
+                "on an hmac route (the symmetric binding: a key anyone can send in an EncryptedKey) the UsernameToken "
+                "is the only credential: protection must be encrypted or tls",
             )
         raise FieldError(
             "username_token.protection",

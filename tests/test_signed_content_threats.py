@@ -32,7 +32,7 @@ VERSIONS = ["1.1", "1.2"]
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
-    users = {"required": True, "users_file": str(pki / "users.yaml")}
+    users = {"required": True, "users_file": str(pki / "users.yaml"), "protection": "encrypted"}
     sc = {"store": "sealed", "master_keys_file": str(pki / "sct-master-keys.yaml")}
     routes = [
         route_doc(pki, "rsa", name="rsa", replay={"store": "auto"}),

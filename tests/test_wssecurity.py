@@ -1361,7 +1361,7 @@ def test_the_gateway_signs_no_comment(pki: Path) -> None:
     ids=["pre-shared-key", "encrypted-key", "encrypted-key-and-user", "pre-shared-key-and-user"],
 )
 def test_identity_names_the_credential(pki: Path, cfg: dict[str, Any], subject: str) -> None:
-    route = make_route(pki, "hmac", username_token={"users_file": str(pki / "users.yaml")})
+    route = make_route(pki, "hmac", username_token={"users_file": str(pki / "users.yaml"), "protection": "encrypted"})
     assert trip(SecuredPipeline(route), client_for(route, pki, **cfg)).headers == {"x-wsgate-subject": subject}
 
 
