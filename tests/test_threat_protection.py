@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +19,8 @@ class Limits:
     max_elements: int = 500
     max_attributes: int = 5
     max_text_length: int = 100_000
+    max_namespace_declarations: int = 8
+    max_namespaces_in_scope: int = 12
 
 
 LIMITS = Limits()
@@ -70,8 +73,10 @@ def test_both_parses_agree(case: str) -> None:
 
 def test_whole_parse_only_where_the_bytes_bound_the_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(threat_protection, "_parse_whole", lambda d, lim: calls.append("whole"))
-    monkeypatch.setattr(threat_protection, "_parse_incremental", lambda d, lim, **kw: calls.append("incremental"))
+    monkeypatch.setattr(threat_protection, "_parse_whole", lambda d, lim: calls.append("whole") or SimpleNamespace())
+    monkeypatch.setattr(
+        threat_protection, "_parse_incremental", lambda d, lim, **kw: calls.append("incremental") or SimpleNamespace()
+    )
     parse_envelope(envelope("<a/>" * 10), LIMITS)
     parse_envelope(envelope("<a/>" * 600), LIMITS)  # could be over max_elements: counted as it parses
     parse_envelope(envelope("<a>" + "x" * 100_001 + "</a>"), LIMITS)  # a text node could be over the limit
