@@ -17,7 +17,7 @@ from lxml import etree
 
 from filters import encryption, faults, keys, metrics, ns, replay, signature, wssecurity
 from filters import secure_conversation as sc
-from filters.engine import Exchange, Outcome, RoutePipeline
+from filters.engine import Exchange, Outcome, RoutePipeline, forward
 from filters.optimizations import Optimizations
 from filters.soap import Envelope
 from filters.threat_protection import check_structure, parse_envelope
@@ -105,13 +105,13 @@ class SecuredPipeline(RoutePipeline):
         if route.identity_header and verified.subject:
             out_headers[route.identity_header] = verified.subject
         with metrics.stage(route, "serialize"):
-            return Outcome(body=env.serialize(), set_headers=out_headers)
+            return forward(env, headers.get("content-type"), env.serialize(), **out_headers)
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_response(body)
         if env.is_fault() and not route.secure_faults:
-            return Outcome(body=None)
+            return forward(env, None)
         assert isinstance(ex.security, wssecurity.Verified)
         sign, encrypt, tokens = self.response_security(ex.security)
         with metrics.stage(route, "secure"):
@@ -120,7 +120,7 @@ class SecuredPipeline(RoutePipeline):
                 tokens=tokens,
             )  # fmt: skip
         with metrics.stage(route, "serialize"):
-            return Outcome(body=env.serialize())
+            return forward(env, None, env.serialize())
 
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
         """How to secure the response to a request that established `verified`."""
@@ -195,7 +195,7 @@ class SecureConversationPipeline(SecuredPipeline):
             raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")
         out_headers = {route.identity_header: verified.context.subject} if route.identity_header else {}
         with metrics.stage(route, "serialize"):
-            return Outcome(body=env.serialize(), set_headers=out_headers)
+            return forward(env, headers.get("content-type"), env.serialize(), **out_headers)
 
     def _answer(
         self, rst: sc.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime
