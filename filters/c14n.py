@@ -20,12 +20,12 @@ from collections.abc import Sequence
 
 from lxml import etree
 
-from filters import metrics
+from filters import metrics, xmlsupport
 
 # Policy digest names -> hashlib names (the algorithms signature.DIGEST_METHODS allows).
 HASHES = {"sha256": "sha256", "sha1": "sha1"}
 # Re-reads the gateway's own serialization of an element that passed threat protection already.
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=True, collect_ids=False)
+_PARSER = xmlsupport.parser(huge_tree=True, collect_ids=False)
 
 
 def direct(prefixes: Sequence[str]) -> bool:

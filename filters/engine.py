@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from filters import faults, metrics
+from filters import charset, faults, metrics
 from filters.soap import Envelope, version_from_content_type
 from filters.threat_protection import parse_envelope
 from gateway.policy import PolicySet, Route
@@ -30,6 +30,16 @@ class Outcome:
     answer: bool = False  # the gateway answers this request itself with `body` (e.g. WS-Trust); no backend
 
 
+def forward(env: Envelope, received_type: str | None, body: bytes | None = None, **headers: str) -> Outcome:
+    """Pass a message on: `body` (the gateway's UTF-8 serialization of `env`), or None for the bytes as they came.
+    The Content-Type names the encoding of the bytes the next hop gets, whatever the sender's label said (a
+    backend that trusted a stale label would read other characters than the gateway checked). Responses pass
+    None for `received_type`: the SOAP version's media type."""
+    encoding = env.encoding if body is None else "utf-8"
+    content_type = charset.content_type(received_type, encoding, env.version)
+    return Outcome(body=body, set_headers={**headers, "content-type": content_type})
+
+
 class RoutePipeline:
     """The `xml` profile: threat protection both ways, bodies passed on untouched.
 
@@ -42,11 +52,10 @@ class RoutePipeline:
         with metrics.stage(self.route, "parse"):
             env = parse_envelope(body, self.route.limits)
         ex.soap_version = env.version
-        return Outcome(body=None)
+        return forward(env, headers.get("content-type"))
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
-        self.parse_response(body)
-        return Outcome(body=None)
+        return forward(self.parse_response(body), None)
 
     def parse_response(self, body: bytes) -> Envelope:
         try:

@@ -17,7 +17,7 @@ from lxml import etree
 
 from filters import auth_throttle, encryption, faults, header_blocks, keys, metrics, ns, replay, signature, wssecurity
 from filters import secure_conversation as sc
-from filters.engine import Exchange, Outcome, RoutePipeline
+from filters.engine import Exchange, Outcome, RoutePipeline, forward
 from filters.optimizations import Optimizations
 from filters.soap import Envelope
 from filters.threat_protection import check_structure, parse_envelope
@@ -122,9 +122,9 @@ class SecuredPipeline(RoutePipeline):
             verified = wssecurity.process(env, self.requirements, self.credentials, datetime.now(UTC))
         # Decrypted content is new XML: the envelope must still be one Envelope with one Body.
         check_structure(env.root)
-        return self.forward(env, verified, verified.subject, headers, ex)
+        return self.deliver(env, verified, verified.subject, headers, ex)
 
-    def forward(
+    def deliver(
         self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
     ) -> Outcome:
         """The verified request as the backend gets it: unsigned header blocks handled as the route says, and
@@ -134,13 +134,13 @@ class SecuredPipeline(RoutePipeline):
         ex.security = verified
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
         with metrics.stage(route, "serialize"):
-            return Outcome(body=env.serialize(), set_headers=out_headers)
+            return forward(env, headers.get("content-type"), env.serialize(), **out_headers)
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_response(body)
         if env.is_fault() and not route.secure_faults:
-            return Outcome(body=None)
+            return forward(env, None)
         assert isinstance(ex.security, wssecurity.Verified)
         sign, encrypt, tokens = self.response_security(ex.security)
         with metrics.stage(route, "secure"):
@@ -149,7 +149,7 @@ class SecuredPipeline(RoutePipeline):
                 tokens=tokens,
             )  # fmt: skip
         with metrics.stage(route, "serialize"):
-            return Outcome(body=env.serialize())
+            return forward(env, None, env.serialize())
 
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
         """How to secure the response to a request that established `verified`."""
@@ -221,7 +221,7 @@ class SecureConversationPipeline(SecuredPipeline):
             return self._answer(sc.parse_rst(rst), env, verified, headers, now)
         if verified.context is None:
             raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")
-        return self.forward(env, verified, verified.context.subject, headers, ex)
+        return self.deliver(env, verified, verified.context.subject, headers, ex)
 
     def _answer(
         self, rst: sc.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime

@@ -15,6 +15,7 @@ VERSIONS = {ns.SOAP11: "1.1", ns.SOAP12: "1.2"}
 class Envelope:
     root: etree._Element
     version: str  # "1.1" or "1.2"
+    encoding: str = "utf-8"  # the charset the message came in (filters/charset.py); serialize() is always UTF-8
 
     @property
     def soap_ns(self) -> str:

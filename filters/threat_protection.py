@@ -1,11 +1,14 @@
 """XML threat protection: the first stage of every profile that touches XML.
 
-The body must be one well-formed SOAP 1.1 or 1.2 envelope with one Body. DTDs, entity declarations and
-processing instructions are refused; size, nesting depth, element count, attribute count and text length are
-limited. A body whose bytes already prove the element count and text length limits (fewer '<' than elements
-allowed, fewer bytes than a text node may have) is parsed whole by libxml2 and its depth, attributes and
-processing instructions are checked with XPath, in C; any other is parsed incrementally and refused as soon as it
-crosses a limit (bounded memory and time). Nothing is ever loaded from the network or the file system."""
+The body must be one well-formed SOAP 1.1 or 1.2 envelope with one Body, in UTF-8 or UTF-16 (filters/charset.py
+finds which and hands on UTF-8). DTDs, entity declarations and processing instructions are refused; size, nesting
+depth, element count, attribute count, namespace declarations (per element and in scope) and the length of text,
+attribute values, namespace names and comments are limited. A body whose bytes already prove the element count,
+namespace and length limits (fewer '<' than elements allowed, fewer "xmlns" than declarations allowed, fewer bytes
+than a text node may have) is parsed whole by libxml2 and its depth, attributes and processing instructions are
+checked with XPath, in C; any other is parsed incrementally and refused as soon as it crosses a limit (bounded
+memory and time), before anything serializes or canonicalizes it. Nothing is ever loaded from the network or the
+file system (filters/xmlsupport.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from xml.sax.saxutils import quoteattr
 
 from lxml import etree
 
-from filters import faults, ns
+from filters import charset, faults, ns, xmlsupport
 from filters.soap import VERSIONS, Envelope
+from filters.xmlsupport import ExternalResourceRefused
 
 
 class Limits(Protocol):
@@ -26,32 +30,44 @@ class Limits(Protocol):
     max_elements: int
     max_attributes: int
     max_text_length: int
+    max_namespace_declarations: int
+    max_namespaces_in_scope: int
 
 
 CHUNK = 64 * 1024
 
-
-_OPTIONS = {
-    "resolve_entities": False,
-    "no_network": True,
-    "load_dtd": False,
-    "dtd_validation": False,
-    "huge_tree": False,
-    "collect_ids": False,  # ids are registered, each in its own check, only where a signature needs them
-    "remove_blank_text": False,
-}
+# Ids are registered, each in its own check, only where a signature needs them.
 # Reused: a worker parses on one thread only (the engine is synchronous).
-_WHOLE = etree.XMLParser(**_OPTIONS)
+_WHOLE = xmlsupport.parser(collect_ids=False)
 
 
 def _parser() -> etree.XMLPullParser:
-    return etree.XMLPullParser(events=("start", "end", "pi"), **_OPTIONS)
+    return xmlsupport.pull_parser(("start-ns", "start", "end", "comment", "pi"), collect_ids=False)
+
+
+def _refused(exc: ExternalResourceRefused) -> faults.Fault:
+    return faults.client(f"parser asked to load an {exc}")
 
 
 class _Checks:
-    """The limits, checked on a pull parser's events as they arrive (envelopes and decrypted fragments)."""
+    """The limits, checked on a pull parser's events as they arrive (envelopes and decrypted fragments).
 
-    __slots__ = ("count_elements", "depth", "elements", "limits", "parser")
+    Namespace declarations arrive (start-ns) before their element's start: counted there, per element and in
+    scope (every declaration on the element and its ancestors; a redeclared prefix counts again, as it costs
+    again), before anything walks the element's namespaces."""
+
+    __slots__ = (
+        "count_elements",
+        "declared",
+        "depth",
+        "elements",
+        "exempt",
+        "in_scope",
+        "last",
+        "limits",
+        "parser",
+        "scopes",
+    )
 
     def __init__(
         self, parser: etree.XMLPullParser, limits: Limits, *, count_elements: bool = True, depth: int = 0
@@ -61,6 +77,11 @@ class _Checks:
         self.count_elements = count_elements
         self.depth = depth
         self.elements = 0
+        self.declared = 0  # declarations seen for the element whose start comes next
+        self.in_scope = 0
+        self.scopes: list[int] = []  # declarations per open element
+        self.exempt = False  # the first element's declarations count in scope only (a fragment's wrapper)
+        self.last: etree._Element | None = None  # the element or comment that ended last, its tail not checked
 
     def feed(self, data: bytes) -> None:
         self.parser.feed(data)
@@ -68,7 +89,13 @@ class _Checks:
 
     def check(self) -> None:
         limits = self.limits
-        for event, el in self.parser.read_events():
+        for event, item in self.parser.read_events():
+            if event == "start-ns":
+                self.declared += 1
+                if len(item[1]) > limits.max_text_length:
+                    raise faults.client(f"namespace name longer than {limits.max_text_length}")
+                continue
+            self.check_tail()
             if event == "start":
                 self.depth += 1
                 if self.depth > limits.max_depth:
@@ -77,16 +104,36 @@ class _Checks:
                     self.elements += 1
                     if self.elements > limits.max_elements:
                         raise faults.client(f"element count over {limits.max_elements}")
-                if len(el.attrib) > limits.max_attributes:
+                declared, self.declared = self.declared, 0
+                if declared > limits.max_namespace_declarations and not self.exempt:
+                    raise faults.client(
+                        f"namespace declarations on one element over {limits.max_namespace_declarations}"
+                    )
+                self.exempt = False
+                self.in_scope += declared
+                self.scopes.append(declared)
+                if self.in_scope > limits.max_namespaces_in_scope:
+                    raise faults.client(f"namespace declarations in scope over {limits.max_namespaces_in_scope}")
+                attrib = item.attrib
+                if len(attrib) > limits.max_attributes:
                     raise faults.client(f"attribute count over {limits.max_attributes}")
-            elif event == "end":
-                self.depth -= 1
-                if (el.text and len(el.text) > limits.max_text_length) or (
-                    el.tail and len(el.tail) > limits.max_text_length
-                ):
+                if attrib and max(map(len, attrib.values())) > limits.max_text_length:
+                    raise faults.client(f"attribute value longer than {limits.max_text_length}")
+            elif event == "end" or event == "comment":
+                if event == "end":
+                    self.depth -= 1
+                    self.in_scope -= self.scopes.pop()
+                if item.text and len(item.text) > limits.max_text_length:
                     raise faults.client(f"text node longer than {limits.max_text_length}")
+                self.last = item  # its tail is whole once the parser reports what follows it
             else:
                 raise faults.client("processing instruction in message")
+
+    def check_tail(self) -> None:
+        if self.last is not None:
+            tail, self.last = self.last.tail, None
+            if tail and len(tail) > self.limits.max_text_length:
+                raise faults.client(f"text node longer than {self.limits.max_text_length}")
 
 
 def parse_envelope(data: bytes, limits: Limits) -> Envelope:
@@ -95,14 +142,22 @@ def parse_envelope(data: bytes, limits: Limits) -> Envelope:
         raise faults.client(f"body too large: {len(data)} > {limits.max_body_bytes} bytes", status=413)
     if not data.strip():
         raise faults.client("empty body")
-    # A DOCTYPE (and with it any entity declaration) is refused before the parser sees it.
-    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
+    decoded = charset.decode(data)
+    text = decoded.utf8
+    # A DOCTYPE (and with it any entity declaration) is refused before the parser sees it, in UTF-8 whatever
+    # the body came in.
+    if b"<!DOCTYPE" in text or b"<!ENTITY" in text:
         raise faults.client("DTD or entity declaration in message")
-    # Cheap upper bounds: every element needs a '<', every character of text at least a byte.
-    may_exceed_elements = data.count(b"<") > limits.max_elements
-    if not may_exceed_elements and len(data) <= limits.max_text_length:
-        return _parse_whole(data, limits)
-    return _parse_incremental(data, limits, count_elements=may_exceed_elements)
+    # Cheap upper bounds: every element needs a '<', every namespace declaration an "xmlns", every character of
+    # text, attribute value or namespace name at least a byte.
+    may_exceed_elements = text.count(b"<") > limits.max_elements
+    namespaces = min(limits.max_namespace_declarations, limits.max_namespaces_in_scope)
+    if not may_exceed_elements and len(text) <= limits.max_text_length and text.count(b"xmlns") <= namespaces:
+        env = _parse_whole(text, limits)
+    else:
+        env = _parse_incremental(text, limits, count_elements=may_exceed_elements)
+    env.encoding = decoded.encoding
+    return env
 
 
 def _parse_incremental(data: bytes, limits: Limits, count_elements: bool = True) -> Envelope:
@@ -112,8 +167,12 @@ def _parse_incremental(data: bytes, limits: Limits, count_elements: bool = True)
         for start in range(0, len(data), CHUNK):
             checks.feed(data[start : start + CHUNK])
         root = parser.close()
+        checks.check()  # anything the parser only let go of at close
+        checks.check_tail()
     except etree.XMLSyntaxError as exc:
         raise faults.client(f"malformed XML: {exc.msg}") from None
+    except ExternalResourceRefused as exc:
+        raise _refused(exc) from None
     return _envelope(root)
 
 
@@ -136,6 +195,8 @@ def _parse_whole(data: bytes, limits: Limits) -> Envelope:
         root = etree.fromstring(data, _WHOLE)
     except etree.XMLSyntaxError as exc:
         raise faults.client(f"malformed XML: {exc.msg}") from None
+    except ExternalResourceRefused as exc:
+        raise _refused(exc) from None
     found = int(_tree_checks(limits.max_depth, limits.max_attributes)(root))
     if found & 1:
         raise faults.client(f"nesting depth over {limits.max_depth}")
@@ -167,6 +228,7 @@ def parse_fragment(
     # The wrapper's own start event brings the depth to `depth`, and it is no element of the fragment.
     checks = _Checks(parser, limits, depth=depth - 1)
     checks.elements = -1
+    checks.exempt = True  # the wrapper carries the namespaces in scope where the content was, not its own
     try:
         checks.feed(f"<wsgate-fragment{decls}>".encode())
         for chunk in chunks:
@@ -174,11 +236,14 @@ def parse_fragment(
         checks.feed(b"</wsgate-fragment>")
         root = parser.close()
         checks.check()  # anything the parser only let go of at close
+        checks.check_tail()
     except etree.XMLSyntaxError as exc:
         # The error's kind and place only: its text quotes the fragment, which may be decrypted plaintext.
         last = exc.error_log.last_error if exc.error_log else None
         kind = last.type_name if last is not None else f"code {exc.code}"
         raise faults.client(f"malformed XML: {kind} at line {exc.lineno}") from None
+    except ExternalResourceRefused as exc:
+        raise _refused(exc) from None
     # Inside the wrapper the grammar has no place for a DOCTYPE; checked all the same.
     if root.getroottree().docinfo.doctype:
         raise faults.client("DTD in fragment")

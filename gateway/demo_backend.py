@@ -33,7 +33,7 @@ from xml.sax.saxutils import escape
 
 from lxml import etree
 
-from filters import ns
+from filters import ns, xmlsupport
 
 log = logging.getLogger("wsgate.demo_backend")
 
@@ -53,7 +53,7 @@ _ENVELOPE_OPEN = {
 _ENVELOPE_CLOSE = {"1.1": b"</soap:Body></soap:Envelope>", "1.2": b"</env:Body></env:Envelope>"}
 
 # No entity expansion, no DTD loading, no network: a request body is data, never instructions.
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
+_PARSER = xmlsupport.parser()
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
@@ -164,6 +164,9 @@ def _exchange(body: bytes, content_type: str) -> tuple[str, int, bytes]:
     except etree.XMLSyntaxError as exc:
         version = _version_from_content_type(content_type)
         return version, *_fault(version, True, f"malformed XML: {exc.msg}")
+    except xmlsupport.ExternalResourceRefused:
+        version = _version_from_content_type(content_type)
+        return version, *_fault(version, True, "external resources are not loaded")
     qn = etree.QName(root)
     version = _VERSIONS.get(qn.namespace or "")
     if version is None or qn.localname != "Envelope":

@@ -74,7 +74,11 @@ class Limits(Strict):
     max_depth: int = Field(default=64, gt=2, le=256)
     max_elements: int = Field(default=200_000, gt=0)
     max_attributes: int = Field(default=32, gt=0)
-    max_text_length: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_text_length: int = Field(default=4 * 1024 * 1024, gt=0)  # text, attribute values, namespace names, comments
+    # Canonicalizing costs about (elements x namespaces in scope), serializing with inherited namespaces their
+    # square (loadtest/hostile.py): real SOAP declares fewer than 30, WS-Security messages 10-15 on the Envelope.
+    max_namespace_declarations: int = Field(default=32, gt=0, le=1024)  # on one element
+    max_namespaces_in_scope: int = Field(default=32, gt=0, le=1024)  # on an element and its ancestors
 
 
 class TlsOptions(Strict):

@@ -29,6 +29,7 @@ import yaml
 from lxml import etree
 
 from certs import pki
+from filters import xmlsupport
 from gateway.client import Client, ClientConfig, Pending
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, Route
 from gateway.supervisor import Gateway, Options
@@ -38,6 +39,7 @@ MIB = 1024 * 1024
 DEMO_NS = "urn:wsgate:demo"
 TEXT_CHARS = 1_000_000  # one d:text element: well under the default max_text_length (4 MiB)
 PROFILE_NAMES = ("xml", "rsa")
+_PARSER = xmlsupport.parser(huge_tree=True)
 
 
 def _routes(certs: Path, limit: int | None) -> list[dict]:
@@ -187,13 +189,13 @@ class Sender:
 
 
 def _texts(reply: bytes) -> list[str]:
-    root = etree.fromstring(reply, etree.XMLParser(huge_tree=True, resolve_entities=False, no_network=True))
+    root = etree.fromstring(reply, _PARSER)
     return [t.text or "" for t in root.iter(f"{{{DEMO_NS}}}text")]
 
 
 def _fault_text(reply: bytes) -> str:
     try:
-        root = etree.fromstring(reply)
+        root = etree.fromstring(reply, _PARSER)
     except etree.XMLSyntaxError:
         return reply[:80].decode("latin-1")
     return root.findtext(".//faultstring") or root.findtext(".//{*}Reason/{*}Text") or "?"

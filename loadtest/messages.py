@@ -21,7 +21,7 @@ from pathlib import Path
 from lxml import etree
 
 from certs import pki
-from filters import ns
+from filters import ns, xmlsupport
 from filters import secure_conversation as sc
 from gateway.client import Client, ClientConfig, ClientError, Pending, content_type, http_post
 from gateway.policy import PolicySet, Route, load_dir
@@ -36,7 +36,7 @@ HMAC_KEY_NAME = "demo-client"  # the demo PKI's pre-shared key (certs/out/hmac-k
 ENCRYPTED_KEY = "encrypted-key"  # hmac_key value: a fresh key per message in an EncryptedKey (symmetric binding)
 USER, PASSWORD = "bob", pki.DEMO_USERS["bob"]  # bob's password is kept in clear, so PasswordDigest works
 
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=True)
+_PARSER = xmlsupport.parser(huge_tree=True)
 
 
 @dataclass(frozen=True)

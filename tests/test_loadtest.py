@@ -174,3 +174,15 @@ def test_optimizations_smoke(pki: Path) -> None:
     assert "hmac     1 KB       direct_c14n" in text and "hmac     1 MB resp  prehash" in text
     assert "our client 0%, canonical sender 100%" in text
     assert "Differential parsing prototype" in text and "response 1 MB resp" in text
+
+
+def test_hostile_shapes_script_prints_every_shape(pki: Path) -> None:
+    from loadtest import hostile
+
+    out = io.StringIO()
+    hostile.main(["--certs", str(pki), "--size", "3000", "--count", "1"], out)
+    text = out.getvalue()
+    for shape in hostile.SHAPES:
+        assert f"| hmac | {shape} |" in text and f"| xml | {shape} |" in text
+    flood = [line for line in text.splitlines() if "| namespace flood on the Envelope |" in line]
+    assert len(flood) == 2 and all(line.endswith("| refused |") for line in flood)

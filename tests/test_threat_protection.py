@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +19,8 @@ class Limits:
     max_elements: int = 500
     max_attributes: int = 5
     max_text_length: int = 100_000
+    max_namespace_declarations: int = 8
+    max_namespaces_in_scope: int = 12
 
 
 LIMITS = Limits()
@@ -70,8 +73,10 @@ def test_both_parses_agree(case: str) -> None:
 
 def test_whole_parse_only_where_the_bytes_bound_the_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(threat_protection, "_parse_whole", lambda d, lim: calls.append("whole"))
-    monkeypatch.setattr(threat_protection, "_parse_incremental", lambda d, lim, **kw: calls.append("incremental"))
+    monkeypatch.setattr(threat_protection, "_parse_whole", lambda d, lim: calls.append("whole") or SimpleNamespace())
+    monkeypatch.setattr(
+        threat_protection, "_parse_incremental", lambda d, lim, **kw: calls.append("incremental") or SimpleNamespace()
+    )
     parse_envelope(envelope("<a/>" * 10), LIMITS)
     parse_envelope(envelope("<a/>" * 600), LIMITS)  # could be over max_elements: counted as it parses
     parse_envelope(envelope("<a>" + "x" * 100_001 + "</a>"), LIMITS)  # a text node could be over the limit
@@ -90,3 +95,130 @@ def test_limits_the_bytes_cannot_rule_out_are_counted(body: str, reason: str) ->
     with pytest.raises(faults.Fault) as got:
         parse_envelope(envelope(body), LIMITS)
     assert reason in got.value.reason
+
+
+def _declarations(n: int, start: int = 0) -> str:
+    return "".join(f' xmlns:p{i}="urn:n{i}"' for i in range(start, start + n))
+
+
+BIG = 100_001  # over LIMITS.max_text_length
+NAMESPACES_AND_VALUES = {
+    "namespace declarations at the per-element limit": (envelope(f"<a{_declarations(8)}/>"), None),
+    "namespace flood on one element": (envelope(f"<a{_declarations(9)}/>"), "namespace declarations on one element"),
+    "namespace flood on the envelope": (
+        envelope("<a/>").replace(b"<soap:Envelope", f"<soap:Envelope{_declarations(9)}".encode()),
+        "namespace declarations on one element",
+    ),
+    "namespaces in scope over the limit, a few per level": (
+        envelope(f"<a{_declarations(4)}><b{_declarations(4, 4)}><c{_declarations(4, 8)}/></b></a>"),
+        "namespace declarations in scope over 12",
+    ),
+    "the same prefix redeclared at every level": (
+        envelope("".join(f'<a xmlns:p="urn:{i}">' for i in range(12)) + "</a>" * 12),
+        "namespace declarations in scope over 12",
+    ),
+    "namespaces of siblings are not in each other's scope": (
+        envelope("".join(f"<a{_declarations(8)}/>" for _ in range(3))),
+        None,
+    ),
+    "attribute value over the text limit": (envelope(f'<a b="{"x" * BIG}"/>'), "attribute value longer than"),
+    "attribute value on the envelope": (
+        envelope("<a/>").replace(b"<soap:Envelope", f'<soap:Envelope b="{"x" * BIG}"'.encode()),
+        "attribute value longer than",
+    ),
+    "attribute value on a header block": (
+        envelope("<a/>", header_xml=f'<h:x xmlns:h="urn:h" h:v="{"x" * BIG}"/>'),
+        "attribute value longer than",
+    ),
+    "many large attribute values, each under the limit": (
+        envelope(f'<a b="{"x" * 40_000}" c="{"y" * 40_000}" d="{"z" * 40_000}"/>'),
+        None,
+    ),
+    "namespace name over the text limit": (envelope(f'<a xmlns:p="urn:{"x" * BIG}"/>'), "namespace name longer than"),
+    "default namespace name over the text limit": (envelope(f'<a xmlns="urn:{"x" * BIG}"/>'), "longer than"),
+    "comment over the text limit": (envelope(f"<a><!--{'x' * BIG}--></a>"), "longer than"),
+    "text after a comment over the text limit": (envelope(f"<a><!--c-->{'x' * BIG}</a>"), "text node longer than"),
+    "text between elements over the text limit": (envelope(f"<a><b/>{'x' * BIG}<c/></a>"), "text node longer than"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NAMESPACES_AND_VALUES))
+def test_namespace_floods_and_long_values_are_refused_by_both_parses(case: str) -> None:
+    data, refused = NAMESPACES_AND_VALUES[case]
+    got = _outcome(parse_envelope, data)
+    if refused is None:
+        assert got is None
+        assert _outcome(threat_protection._parse_whole, data) is None
+    else:
+        assert got is not None and refused in got
+    # The incremental parse checks each limit itself; the whole parse only runs where the bytes rule them out.
+    incremental = _outcome(threat_protection._parse_incremental, data)
+    assert incremental == got
+
+
+def test_an_eight_megabyte_attribute_is_refused_under_the_default_limits() -> None:
+    from gateway.policy import Limits as PolicyLimits
+
+    with pytest.raises(faults.Fault) as got:
+        parse_envelope(envelope(f'<a b="{"x" * 8 * 1024 * 1024}"/>'), PolicyLimits())
+    assert "attribute value longer than" in got.value.reason
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        ("\ufeff".encode("utf-32") + envelope("<a/>").decode().encode("utf-32-le"), "UTF-32"),
+        (envelope("<a/>").decode().encode("utf-32-be"), "unsupported encoding"),
+        (b'<?xml version="1.0" encoding="ISO-8859-1"?>' + envelope("<a/>"), "names encoding"),
+        (b'<?xml version="1.0" encoding="UTF-16"?>' + envelope("<a/>"), "names encoding"),
+        (b"\xff\xfe" + '<?xml version="1.0" encoding="UTF-8"?>'.encode("utf-16-le"), "names encoding"),
+        (b'<?xml version="1.0" encoding="UTF-8" junk?>' + envelope("<a/>"), "malformed XML declaration"),
+        (b"\xff\xfe" + b"<\x00\x00\xd8", "not utf-16"),  # a lone surrogate
+    ],
+)
+def test_encodings_other_than_utf8_and_utf16_are_refused(data: bytes, reason: str) -> None:
+    with pytest.raises(faults.Fault) as got:
+        parse_envelope(data, LIMITS)
+    assert reason in got.value.reason
+
+
+@pytest.mark.parametrize(
+    ("data", "encoding"),
+    [
+        (envelope("<a>\u00e9</a>"), "utf-8"),
+        (b"\xef\xbb\xbf" + envelope("<a>\u00e9</a>"), "utf-8"),
+        (b"\xff\xfe" + envelope("<a>\u00e9</a>").decode().encode("utf-16-le"), "utf-16"),
+        (b"\xfe\xff" + envelope("<a>\u00e9</a>").decode().encode("utf-16-be"), "utf-16"),
+        (
+            ('<?xml version="1.0" encoding="utf-16"?>' + envelope("<a>\u00e9</a>").decode()).encode("utf-16-le"),
+            "utf-16le",
+        ),
+        (
+            ('<?xml version="1.0" encoding="UTF-16"?>' + envelope("<a>\u00e9</a>").decode()).encode("utf-16-be"),
+            "utf-16be",
+        ),
+    ],
+)
+def test_utf16_is_read_as_the_same_document_and_its_encoding_kept(data: bytes, encoding: str) -> None:
+    for limits in (LIMITS, Limits(max_elements=3)):  # whole and incremental (more "<" than elements)
+        env = parse_envelope(data, limits)
+        assert env.encoding == encoding
+        assert env.body[0].text == "\u00e9"
+
+
+@pytest.mark.parametrize(
+    "doctype",
+    ['<!DOCTYPE x SYSTEM "file:///etc/passwd">', '<!DOCTYPE x [<!ENTITY % p SYSTEM "file:///etc/passwd"> %p;]>'],
+)
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("bom", [True, False])
+def test_a_doctype_in_utf16_is_refused_before_any_parser_sees_it(
+    doctype: str, codec: str, bom: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(threat_protection, "_parse_whole", lambda *a: pytest.fail("parsed"))
+    monkeypatch.setattr(threat_protection, "_parse_incremental", lambda *a, **kw: pytest.fail("parsed"))
+    text = '<?xml version="1.0" encoding="UTF-16"?>' + doctype + envelope("<a/>").decode()
+    data = ("\ufeff" + text if bom else text).encode(codec)
+    with pytest.raises(faults.Fault) as got:
+        parse_envelope(data, LIMITS)
+    assert "DTD" in got.value.reason

@@ -72,7 +72,7 @@ def users_route(pki: Path, profile: str = "hmac", **extra: Any) -> Route:
 @dataclass
 class Trip:
     backend: bytes  # what the backend got
-    headers: dict[str, str]  # headers the gateway set on the request
+    headers: dict[str, str]  # headers the gateway set on the request, but the content-type (always UTF-8 here)
     reply: bytes  # the secured response, as the client receives it
     opened: Envelope  # the response, verified and decrypted by the client
 
@@ -90,9 +90,11 @@ def trip(
     ex = Exchange(route=pipeline.route)
     outcome = pipeline.request(data, {}, ex)
     assert outcome.body is not None
+    headers = dict(outcome.set_headers)
+    assert headers.pop("content-type").endswith("; charset=utf-8")  # the gateway's serialization is UTF-8
     reply = pipeline.response(backend(outcome.body), ex).body
     assert reply is not None
-    return Trip(outcome.body, outcome.set_headers, reply, client.open(reply, pending))
+    return Trip(outcome.body, headers, reply, client.open(reply, pending))
 
 
 def accept(pipeline: SecuredPipeline, data: bytes) -> Outcome:
