@@ -797,7 +797,7 @@ def test_anonymous_encrypted_key_refused_unless_the_hmac_route_allows_it(pki: Pa
     secured, _ = client_for(route, pki).secure(echo())
     refuse(pipeline, secured, "FailedAuthentication")
     got = accept(pipeline, client_for(route, pki, key_name="demo-client").secure(echo())[0])  # pre-shared keys do
-    assert got.set_headers == {"x-wsgate-subject": "key:demo-client"}
+    assert got.set_headers["x-wsgate-subject"] == "key:demo-client"
 
 
 def test_x509_signature_on_an_hmac_route(pki: Path) -> None:
