@@ -748,7 +748,7 @@ def report(points: list[Point], out: IO[str]) -> None:
         print(_table(header, rows), file=out)
         print(
             "  (stages are wall-clock time inside the worker; staged/CPU under 100%: the rest of the filter's CPU is "
-            "the ext_proc exchange itself (gRPC, protobuf, asyncio); over 100%: the worker waited for a core)",
+            "the ext_proc exchange itself (the compiled frame, the call into Python); over 100%: the worker waited for a core)",
             file=out,
         )
 
