@@ -157,21 +157,7 @@ impl Exchange {
     }
 
     fn request_headers(&self, route: &Route, end_of_stream: bool) -> Result<Out, (Refusal, String)> {
-        let method = self.header(":method").unwrap_or("");
-        if method != "POST" {
-            return Err((Refusal::Method, format!("method not POST: {method:.20}")));
-        }
-        if end_of_stream {
-            return Err((Refusal::NoBody, "request without a body".into()));
-        }
-        declared(self.header("content-length"), route.max_request_bytes, Refusal::TooLarge)?;
-        let identity = route.identity_header.as_deref();
-        let spoofed = self
-            .headers
-            .iter()
-            .filter(|(k, _)| k.starts_with(GATEWAY_HEADER_PREFIX) || Some(k.as_str()) == identity)
-            .map(|(k, _)| k.clone())
-            .collect();
+        let spoofed = admit_request(&self.headers, end_of_stream, route)?;
         let mutation = HeaderMutation { remove_headers: spoofed, ..Default::default() };
         let common = CommonResponse { header_mutation: Some(mutation), ..Default::default() };
         Ok(Out::RequestHeaders(HeadersResponse { response: Some(common) }))
@@ -280,6 +266,34 @@ impl Drop for Exchange {
     }
 }
 
+/// A request's headers on an XML route: a SOAP POST with a body within the route's limit, or a refusal. Returns
+/// the headers to remove: those the gateway vouches for, whatever their case.
+fn admit_request(
+    headers: &[(String, String)],
+    end_of_stream: bool,
+    route: &Route,
+) -> Result<Vec<String>, (Refusal, String)> {
+    let find = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    let method = find(":method").unwrap_or("");
+    if method != "POST" {
+        return Err((Refusal::Method, format!("method not POST: {method:.20}")));
+    }
+    if end_of_stream {
+        return Err((Refusal::NoBody, "request without a body".into()));
+    }
+    declared(find("content-length"), route.max_request_bytes, Refusal::TooLarge)?;
+    let identity = route.identity_header.as_deref();
+    let spoofed = headers
+        .iter()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_lowercase();
+            k.starts_with(GATEWAY_HEADER_PREFIX) || Some(k.as_str()) == identity
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    Ok(spoofed)
+}
+
 /// Check a declared content-length against the route's limit. A declared length reserves nothing: only bodies
 /// that arrive hold budget.
 fn declared(length: Option<&str>, limit: u64, too_large: Refusal) -> Result<(), (Refusal, String)> {
@@ -337,6 +351,46 @@ fn immediate(status: u32, headers: Vec<HeaderValueOption>, body: Vec<u8>) -> Pro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn route() -> Route {
+        Route { max_request_bytes: 100, max_response_bytes: 200, identity_header: Some("x-user".into()) }
+    }
+
+    fn request(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn only_a_soap_post_with_a_body_within_the_limit_is_admitted() {
+        let ok = request(&[(":method", "POST"), ("content-length", "100")]);
+        assert_eq!(admit_request(&ok, false, &route()), Ok(vec![]));
+        for method in ["GET", "post", "PUT", ""] {
+            let r = request(&[(":method", method)]);
+            assert_eq!(admit_request(&r, false, &route()).unwrap_err().0, Refusal::Method, "{method:?}");
+        }
+        assert_eq!(admit_request(&request(&[]), false, &route()).unwrap_err().0, Refusal::Method);
+        let bodyless = request(&[(":method", "POST")]);
+        assert_eq!(admit_request(&bodyless, true, &route()).unwrap_err().0, Refusal::NoBody);
+        let large = request(&[(":method", "POST"), ("content-length", "101")]);
+        assert_eq!(admit_request(&large, false, &route()).unwrap_err().0, Refusal::TooLarge);
+        let chunked = request(&[(":method", "POST"), ("transfer-encoding", "chunked")]);
+        assert_eq!(admit_request(&chunked, false, &route()), Ok(vec![]));
+    }
+
+    #[test]
+    fn headers_the_gateway_vouches_for_are_removed_from_client_requests() {
+        let r = request(&[
+            (":method", "POST"),
+            ("x-wsgate-subject", "CN=admin"),
+            ("X-WSGATE-ROUTE", "other"),
+            ("x-user", "admin"),
+            ("X-User", "admin"),
+            ("x-wsgatesubject", "kept"),
+            ("content-type", "text/xml"),
+        ]);
+        let removed = admit_request(&r, false, &route()).unwrap();
+        assert_eq!(removed, ["x-wsgate-subject", "X-WSGATE-ROUTE", "x-user", "X-User"]);
+    }
 
     #[test]
     fn declared_lengths_over_the_limit_or_not_numbers_are_refused() {
