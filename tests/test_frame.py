@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import grpc
@@ -23,7 +23,8 @@ from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from filters import faults
+from filters import faults, server
+from filters.pipeline import Exchange, Outcome, RoutePipeline
 from filters.server import MAX_MESSAGE_BYTES, REFUSALS
 from gateway.supervisor import free_ports
 from tests.harness import content_type, envelope, write_policies
@@ -58,8 +59,8 @@ class Worker:
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]  # fmt: skip
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=options)
 
-    def stream(self, route: str = "xml") -> Exchange:
-        return Exchange(self.channel, route)
+    def stream(self, route: str = "xml") -> Stream:
+        return Stream(self.channel, route)
 
     def metric(self, name: str) -> float:
         text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
@@ -72,7 +73,7 @@ class Worker:
             self.proc.wait(10)
 
 
-class Exchange:
+class Stream:
     """One ext_proc stream, message by message, as Envoy drives it."""
 
     def __init__(self, channel: grpc.Channel, route: str) -> None:
@@ -288,3 +289,19 @@ def test_a_failing_call_into_python_is_a_generic_fault_and_the_worker_lives_on(t
         assert "a bug in the glue" in w.log.read_text()  # the traceback goes to the log, not to the client
     finally:
         w.stop()
+
+
+def test_an_engine_bug_is_a_generic_fault_with_the_traceback_only_in_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = server.Worker(write_policies(tmp_path, ROUTES), 1 << 20)
+
+    class Buggy(RoutePipeline):
+        def request(self, body: bytes, headers: Mapping[str, str], ex: Exchange) -> Outcome:
+            raise KeyError("secret-detail")
+
+    w.engine.pipelines["xml"] = Buggy(w.engine.pipelines["xml"].route)
+    status, fault, set_headers, _ = w.handle("xml", "request", ECHO, {"content-type": content_type("1.2")}, None)
+    assert (status, fault) == (500, faults.render(REFUSALS["internal"], "1.2"))
+    assert set_headers == [("content-type", faults.content_type("1.2"))]
+    assert "secret-detail" in caplog.text and b"secret-detail" not in fault
