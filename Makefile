@@ -3,29 +3,45 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The compiled ext_proc frame (filters/frame: Rust, built by cargo through maturin). rustup puts cargo here.
+FRAME := filters/frame
+FRAME_STAMP := $(VENV)/.frame-installed
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+# cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
+PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
 .PHONY: run test lint format check render certs clean bench load
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+$(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# Release build, pinned by Cargo.lock; rebuilt when the crate changes.
+$(FRAME_STAMP): $(FRAME)/Cargo.toml $(FRAME)/Cargo.lock $(FRAME)/pyproject.toml $(wildcard $(FRAME)/src/*.rs)
+	@command -v cargo >/dev/null || { echo "cargo not found: the filter workers' frame needs a Rust toolchain (README)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(FRAME)
+	touch $(FRAME_STAMP)
 
 run: $(STAMP)
 	$(BIN)/wsgate certs init
 	$(BIN)/wsgate up
 
 test: $(STAMP) lint
+	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	cd $(FRAME) && cargo fmt --check
+	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo clippy -q --release --locked -- -D warnings
 
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+	cd $(FRAME) && cargo fmt
 
 check: $(STAMP)
 	$(BIN)/wsgate check policies
@@ -37,7 +53,7 @@ certs: $(STAMP)
 	$(BIN)/wsgate certs init
 
 clean:
-	rm -rf run .pytest_cache .ruff_cache
+	rm -rf run .pytest_cache .ruff_cache $(FRAME)/target
 
 # The benchmark: its own gateway on free ports, every profile x size; prints the tables, writes loadtest/out/.
 # Needs Debian's wrk. BENCH_ARGS passes options, e.g. BENCH_ARGS="--profiles none,xml --sizes small".

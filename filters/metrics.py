@@ -1,5 +1,5 @@
-"""Prometheus metrics of a filter worker: requests, fault reasons, replays, optimizations, per-stage timings,
-body bytes in flight."""
+"""Prometheus metrics of a filter worker's engine: requests, fault reasons, replays, optimizations, per-stage
+timings. The frame's own counters and the body budget join them on the same endpoint (filters/server.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from gateway.policy import Route
 
@@ -18,8 +18,6 @@ R = TypeVar("R")
 REQUESTS = Counter("wsgate_requests", "Exchanges processed by the filter", ["route", "profile", "phase", "outcome"])
 FAULTS = Counter("wsgate_faults", "Refusals by precise reason code", ["route", "profile", "reason"])
 REPLAYS = Counter("wsgate_replays", "Replayed messages refused", ["route", "profile"])
-BODY_BYTES = Gauge("wsgate_body_bytes_in_flight", "Body bytes reserved by the exchanges in flight (filters/budget.py)")
-BODY_BUDGET = Gauge("wsgate_body_budget_bytes", "The worker's budget of body bytes in flight")
 OPTIMIZATIONS = Counter(
     "wsgate_optimizations",
     "What the signature optimizations did (gateway.policy.Optimizations): hits, misses, fallbacks to xmlsec",

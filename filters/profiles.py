@@ -17,8 +17,8 @@ from lxml import etree
 
 from filters import auth_throttle, encryption, faults, header_blocks, keys, metrics, ns, replay, signature, wssecurity
 from filters import secure_conversation as sc
-from filters.engine import Exchange, Outcome, RoutePipeline, forward
 from filters.optimizations import Optimizations
+from filters.pipeline import Exchange, Outcome, RoutePipeline, forward
 from filters.soap import Envelope
 from filters.threat_protection import check_structure, parse_envelope
 from filters.username_token import Users

@@ -18,7 +18,7 @@ from gateway.policy import PolicySet, Route
 
 EXT_PROC = "envoy.filters.http.ext_proc"
 RBAC = "envoy.filters.http.rbac"
-ROUTE_METADATA = "x-wsgate-route"  # filters/server.py reads it
+ROUTE_METADATA = "x-wsgate-route"  # the filter workers' frame reads it (filters/frame/src/service.rs)
 FILTER_CLUSTER = "wsgate_filter"
 HEAP = "envoy.resource_monitors.fixed_heap"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"

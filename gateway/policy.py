@@ -60,7 +60,7 @@ class Upstream(Strict):
         return int(self.address.rsplit(":", 1)[1])
 
 
-# Body bytes in flight one filter worker admits (filters/budget.py); `wsgate up --body-budget-mb`.
+# Body bytes in flight one filter worker admits (filters/frame/src/budget.rs); `wsgate up --body-budget-mb`.
 DEFAULT_BODY_BUDGET_MB = 48
 
 

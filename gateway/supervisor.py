@@ -48,7 +48,7 @@ class Options:
     # so only replacing the process bounds that memory.
     worker_max_rss_mb: int = 512
     # Memory per request is bounded by bounding the requests: each worker admits this many body bytes in flight
-    # (filters/budget.py), Envoy refuses new requests when its heap nears envoy_max_heap_mb. Beyond: 503.
+    # (filters/frame/src/budget.rs), Envoy refuses new requests when its heap nears envoy_max_heap_mb. Beyond: 503.
     body_budget_mb: int = DEFAULT_BODY_BUDGET_MB
     envoy_max_heap_mb: int = 1024
     log_level: str = "warning"
@@ -89,7 +89,7 @@ def default_workers() -> int:
     """One filter worker per core. Measured on 2 cores (`make bench`, 1 KB): a second worker adds nothing on
     xml and hmac (1,268 vs 1,275 and 455 vs 451 req/s) but 30-60% on the RSA profiles (rsa 306-337 -> 427-465,
     rsa-encrypted 210-257 -> 336-361, secureconversation 305-366 -> 371-396 req/s): the work that holds a
-    worker's event loop longest, queueing the others' exchanges behind it, is what a second one takes."""
+    worker's thread longest, queueing the others' exchanges behind it, is what a second one takes."""
     return os.cpu_count() or 1
 
 

@@ -16,9 +16,10 @@ per profile, replay detection on every secured route), then for each profile and
   - where the filter's time goes: the workers' wsgate_stage_seconds histograms (sum per stage), as van
     Engelen's Figure 3.
 
-Prints the results normalized to `none` (Sosnoski's Figure 1), the stage breakdown and the targets; writes
-loadtest/out/bench.csv and loadtest/out/bench.png. `run_bench()` is the same machinery with every knob, for
-tests (a one-second smoke run) and for people.
+Prints the results normalized to `none` (Sosnoski's Figure 1: time and gateway CPU per request), the stage
+breakdown, the targets, and the engine's CPU per exchange in process beside Apache WSS4J's (loadtest/engine_cpu.py,
+the gateway down by then); writes loadtest/out/bench.csv and loadtest/out/bench.png. `run_bench()` is the same
+machinery with every knob, for tests (a one-second smoke run) and for people.
 
     .venv/bin/python -m loadtest.bench [--profiles xml,hmac] [--sizes small] [--duration 10] ..."""
 
@@ -49,6 +50,7 @@ from certs import pki
 from filters import secure_conversation as sc
 from gateway.policy import PolicySet, load_dir
 from gateway.supervisor import Gateway, Options, default_workers
+from loadtest import engine_cpu
 from loadtest.messages import (
     ENCRYPTED_KEY,
     HMAC_KEY_NAME,
@@ -748,7 +750,7 @@ def report(points: list[Point], out: IO[str]) -> None:
         print(_table(header, rows), file=out)
         print(
             "  (stages are wall-clock time inside the worker; staged/CPU under 100%: the rest of the filter's CPU is "
-            "the ext_proc exchange itself (gRPC, protobuf, asyncio); over 100%: the worker waited for a core)",
+            "the ext_proc exchange itself (the compiled frame, the call into Python); over 100%: the worker waited for a core)",
             file=out,
         )
 
@@ -913,8 +915,11 @@ def run_bench(
     hmac_key: str = HMAC_KEY_NAME,
     chart: bool = True,
     log: IO[str] = sys.stdout,
+    engine_scale: float = 1.0,
 ) -> list[Point]:
-    """Measure every (profile, size) on a gateway of its own; print the report, write bench.csv (and bench.png)."""
+    """Measure every (profile, size) on a gateway of its own; print the report, write bench.csv (and bench.png).
+    Then, the gateway down, the engine's CPU per exchange in process beside WSS4J's (loadtest/engine_cpu.py;
+    `engine_scale` multiplies its exchange counts, 0 skips it)."""
     profiles, sizes = list(profiles), list(sizes)
     for p in profiles:
         if p not in PROFILES:
@@ -968,6 +973,10 @@ def run_bench(
                     )
         shutil.rmtree(out / "bodies", ignore_errors=True)
     report(points, log)
+    if engine_scale > 0 and engine_cpu.secured(profiles):
+        with _env(WSGATE_BENCH_CERTS=str(certs)):
+            policy_set = load_dir(policies)
+        engine_cpu.report(engine_cpu.run(profiles, sizes, policy_set, certs, engine_scale), log)
     write_csv(points, out / "bench.csv")
     written = [out / "bench.csv"]
     if chart:
@@ -1001,6 +1010,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hmac-key", default=HMAC_KEY_NAME,
                    help=f"hmac/username signing key: a pre-shared key name, or {ENCRYPTED_KEY!r}")  # fmt: skip
     p.add_argument("--no-chart", action="store_true")
+    p.add_argument("--engine-scale", type=float, default=1.0,
+                   help="multiply the in-process engine measure's exchange counts (0: skip it)")  # fmt: skip
     args = p.parse_args(argv)
     try:
         run_bench(
@@ -1008,7 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration, huge_duration=args.huge_duration, paced_duration=args.paced_duration,
             rate=args.rate, threads=args.threads, connections=args.connections, workers=args.workers,
             out=args.out, policies=args.policies, certs=args.certs, hmac_key=args.hmac_key,
-            chart=not args.no_chart,
+            chart=not args.no_chart, engine_scale=args.engine_scale,
         )  # fmt: skip
     except (ValueError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)

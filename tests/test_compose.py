@@ -102,7 +102,12 @@ def test_python_services_share_one_image_built_from_the_project(services: dict[s
         assert Path(services[name]["build"]["context"]).resolve() == ROOT
         assert services[name]["build"]["dockerfile"] == "gateway/Dockerfile"
     dockerfile = (ROOT / "gateway" / "Dockerfile").read_text()
-    assert re.findall(r"^FROM\s+(\S+)", dockerfile, re.M) == ["python:3.11-slim"]
+    # The filter workers' compiled frame is built in a builder stage with a Rust toolchain; only its wheel ships.
+    assert re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", dockerfile, re.M) == [
+        ("python:3.11-slim", "frame"),
+        ("python:3.11-slim", ""),
+    ]
+    assert "COPY --from=rust:1.95-slim" in dockerfile and "COPY --from=frame /wheels /wheels" in dockerfile
     assert "pyproject.toml" in dockerfile
 
 

@@ -4,13 +4,15 @@
 - loadtest/large.py: a run with tiny messages prints its rows and the over-budget refusals;
 - loadtest/locustfile.py: every user class, run headless against a real gateway, has its messages accepted and
   its replies verified; the message factory's check refuses a replay and a wrong reply;
-- loadtest/optimizations.py: a tiny run prints every row, with the hit rates the traffic implies."""
+- loadtest/optimizations.py: a tiny run prints every row, with the hit rates the traffic implies;
+- loadtest/engine_cpu.py: a tiny run gives every secured profile its row beside WSS4J's figure."""
 
 from __future__ import annotations
 
 import csv
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import pytest
 import requests
 import yaml
 
-from loadtest import bench, large, optimizations
+from loadtest import bench, engine_cpu, large, optimizations
 from loadtest.messages import PROFILES, CheckFailed, Factory
 from tests.harness import running_gateway
 
@@ -43,7 +45,7 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     out = io.StringIO()
     points = bench.run_bench(
         profiles=["hmac"], sizes=["small"], duration=1, paced_duration=1, rate=20, workers=2,
-        out=tmp_path / "out", certs=pki, log=out,
+        out=tmp_path / "out", certs=pki, log=out, engine_scale=0.01,
     )  # fmt: skip
     text = out.getvalue()
     assert len(points) == 1
@@ -60,6 +62,9 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
                     "Where the filter's time goes", "The ext_proc hop at the paced rate", "Targets"):  # fmt: skip
         assert heading in text
     assert "hmac throughput, 1 KB" in text
+    # The gateway CPU per request relative to none is printed (here without none: "-"); then the engine in process.
+    assert "Gateway CPU per request at saturation, us: Envoy + filter workers = total (relative to none)" in text
+    assert re.search(r"\nhmac\s+[\d,]+ vs 437 \([\d.]+x\)", text.split("The engine's CPU per exchange")[1]), text
     rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
     assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
     assert float(rows[0]["rps"]) > 0 and float(rows[0]["gateway_cpu_us"]) > 0
@@ -153,6 +158,24 @@ def test_large_smoke(tmp_path: Path, pki: Path, capsys: pytest.CaptureFixture[st
     assert "refused or wrong" not in out
     assert "Over budget: 1 worker with a body budget of 1 MiB" in out
     assert "answered 200 and verified:" in out and 'wsgate_faults_total{reason="busy"}' in out
+
+
+def test_engine_cpu_smoke(pki: Path) -> None:
+    """Every secured profile has its row (plain ones none), secureconversation in a context it established in
+    process; a WSS4J figure where the reference has one."""
+    policies = optimizations.bench_policies(pki)
+    rows = engine_cpu.run(["xml", "secureconversation", "username"], ["small", "large"], policies, pki, scale=0.01)
+    assert [(r.profile, r.size) for r in rows] == [
+        ("secureconversation", "small"),
+        ("secureconversation", "large"),
+        ("username", "small"),
+        ("username", "large"),
+    ]
+    assert all(r.us > 0 for r in rows)
+    assert [r.wss4j_us for r in rows] == [425, 3002, None, None]
+    out = io.StringIO()
+    engine_cpu.report(rows, out)
+    assert "vs 425 (" in out.getvalue() and "(no WSS4J figure)" in out.getvalue()
 
 
 def test_optimizations_smoke(pki: Path) -> None:

@@ -1,0 +1,55 @@
+//! The frame's own counters, read by the worker's Prometheus collector (filters/server.py) from another thread.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::table::Refusal;
+
+#[derive(Clone, Copy)]
+pub enum Phase {
+    RequestHeaders,
+    RequestBody,
+    ResponseHeaders,
+    ResponseBody,
+    Trailers,
+}
+
+pub const PHASES: [&str; 5] = ["request_headers", "request_body", "response_headers", "response_body", "trailers"];
+
+/// What became of a phase: answered in Rust (`passed`, `refused`), handed to the engine (`engine`), or the call
+/// into the engine failed (`error`: answered with a generic fault).
+#[derive(Clone, Copy)]
+pub enum Outcome {
+    Passed,
+    Refused,
+    Engine,
+    Error,
+}
+
+pub const OUTCOMES: [&str; 4] = ["passed", "refused", "engine", "error"];
+
+pub static STREAMS: AtomicU64 = AtomicU64::new(0);
+pub static STREAMS_ACTIVE: AtomicU64 = AtomicU64::new(0);
+static PHASE_COUNTS: [[AtomicU64; 4]; 5] = [const { [const { AtomicU64::new(0) }; 4] }; 5];
+static REFUSALS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+
+pub fn phase(phase: Phase, outcome: Outcome) {
+    PHASE_COUNTS[phase as usize][outcome as usize].fetch_add(1, Relaxed);
+}
+
+pub fn refusal(refusal: Refusal) {
+    REFUSALS[refusal as usize].fetch_add(1, Relaxed);
+}
+
+pub fn phases() -> Vec<(&'static str, &'static str, u64)> {
+    let mut out = Vec::new();
+    for (p, row) in PHASE_COUNTS.iter().enumerate() {
+        for (o, n) in row.iter().enumerate() {
+            out.push((PHASES[p], OUTCOMES[o], n.load(Relaxed)));
+        }
+    }
+    out
+}
+
+pub fn refusals() -> Vec<(&'static str, u64)> {
+    Refusal::ALL.iter().map(|r| (r.name(), REFUSALS[*r as usize].load(Relaxed))).collect()
+}

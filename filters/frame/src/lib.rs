@@ -1,0 +1,132 @@
+//! wsgate_frame: the ext_proc frame of a WSGate filter worker, a Python extension module.
+//!
+//! `serve` runs Envoy's `ExternalProcessor` gRPC service on a single-threaded tokio runtime driven on the calling
+//! (the worker's main) thread with the GIL released; it re-takes the GIL only to call the worker: once per body
+//! phase (`handle`, the one call into the engine), per refusal (`refused`), on SIGHUP (`reload`) and once ready
+//! (`ready`). SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
+
+mod budget;
+mod counters;
+mod service;
+mod table;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::signal::unix::{signal, SignalKind};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+
+use service::{Frame, Shared, BUDGET};
+use table::Table;
+
+// Envoy may send a whole body in one message: allow it a large window rather than many round trips.
+const STREAM_WINDOW: u32 = 8 * 1024 * 1024;
+const CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
+
+/// Serve until SIGTERM or SIGINT. `table` is what `worker.reload()` returns too (see table.rs).
+#[pyfunction]
+#[pyo3(signature = (worker, listen, table, budget_bytes, max_message_bytes, grace_seconds = 5.0))]
+fn serve(
+    py: Python<'_>,
+    worker: Py<PyAny>,
+    listen: &str,
+    table: &Bound<'_, PyAny>,
+    budget_bytes: u64,
+    max_message_bytes: usize,
+    grace_seconds: f64,
+) -> PyResult<()> {
+    let addr: SocketAddr = listen.parse().map_err(|e| PyValueError::new_err(format!("listen {listen:?}: {e}")))?;
+    let table = Table::from_py(table)?;
+    BUDGET.set_limit(budget_bytes);
+    let handle = worker.getattr(py, "handle")?;
+    let shared = Arc::new(Shared { table: Mutex::new(Arc::new(table)), worker, handle });
+    let grace = Duration::from_secs_f64(grace_seconds);
+    py.detach(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(run(shared, addr, max_message_bytes, grace))
+    })
+    .map_err(|e: std::io::Error| PyOSError::new_err(e.to_string()))
+}
+
+async fn run(shared: Arc<Shared>, addr: SocketAddr, max_message_bytes: usize, grace: Duration) -> std::io::Result<()> {
+    let incoming = TcpIncoming::bind(addr)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?
+        .with_nodelay(Some(true));
+    // Installed before the worker says it is ready: a SIGHUP must never find the default action (exit).
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let service = ExternalProcessorServer::new(Frame(shared.clone()))
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stopped.await;
+        });
+    tokio::pin!(server);
+    Python::attach(|py| shared.worker.call_method0(py, "ready").map(drop)).map_err(std::io::Error::other)?;
+    loop {
+        tokio::select! {
+            done = &mut server => return done.map_err(std::io::Error::other),
+            _ = hangup.recv() => reload(&shared),
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    let _ = stop.send(());
+    // In-flight exchanges finish (new streams are refused); past the grace they are cut, as Envoy fails closed.
+    match tokio::time::timeout(grace, server).await {
+        Ok(done) => done.map_err(std::io::Error::other),
+        Err(_) => Ok(()),
+    }
+}
+
+/// SIGHUP: the worker reloads its policies and returns the new table, or None to keep the running one.
+fn reload(shared: &Shared) {
+    Python::attach(|py| {
+        let table = shared.worker.call_method0(py, "reload").and_then(|t| {
+            if t.is_none(py) {
+                Ok(None)
+            } else {
+                Table::from_py(t.bind(py)).map(Some)
+            }
+        });
+        match table {
+            Ok(Some(table)) => shared.install(table),
+            Ok(None) => {}
+            Err(err) => err.display(py),
+        }
+    });
+}
+
+/// The frame's counters and the body budget, for the worker's Prometheus collector.
+#[pyfunction]
+#[pyo3(name = "counters")]
+fn read_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let d = PyDict::new(py);
+    d.set_item("streams", counters::STREAMS.load(Relaxed))?;
+    d.set_item("streams_active", counters::STREAMS_ACTIVE.load(Relaxed))?;
+    d.set_item("body_bytes_in_flight", BUDGET.in_flight())?;
+    d.set_item("body_budget_bytes", BUDGET.limit())?;
+    d.set_item("phases", counters::phases())?;
+    d.set_item("refusals", counters::refusals())?;
+    Ok(d)
+}
+
+#[pymodule]
+fn wsgate_frame(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(read_counters, m)?)?;
+    Ok(())
+}

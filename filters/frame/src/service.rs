@@ -1,0 +1,411 @@
+//! The ext_proc service: one gRPC stream per HTTP exchange. Header phases are answered here from the route table;
+//! each body phase is one call into the Python engine (`worker.handle`), made on this thread with the GIL
+//! re-taken for the call only.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
+use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as In;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Out;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpHeaders, ImmediateResponse,
+    ProcessingRequest, ProcessingResponse, TrailersResponse,
+};
+use futures_util::Stream;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::budget::{Budget, Ticket};
+use crate::counters::{self, Outcome, Phase};
+use crate::table::{Refusal, Route, Table};
+
+/// The gRPC metadata naming the route (gateway/envoy_config.py sets it per route).
+const ROUTE_METADATA: &str = "x-wsgate-route";
+/// Headers a client must never set itself: the gateway vouches for them.
+const GATEWAY_HEADER_PREFIX: &str = "x-wsgate-";
+
+pub static BUDGET: Budget = Budget::new(0);
+
+pub struct Shared {
+    pub table: Mutex<Arc<Table>>,
+    pub worker: Py<PyAny>,
+    pub handle: Py<PyAny>, // worker.handle, looked up once
+}
+
+impl Shared {
+    pub fn table(&self) -> Arc<Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn install(&self, table: Table) {
+        *self.table.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+    }
+}
+
+pub struct Frame(pub Arc<Shared>);
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Frame {
+    type ProcessStream = ResponseStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<ResponseStream>, Status> {
+        let route_name = request.metadata().get(ROUTE_METADATA).and_then(|v| v.to_str().ok()).unwrap_or("");
+        // In-flight exchanges keep the table they started with; a reload only changes new ones.
+        let exchange = Exchange::new(self.0.clone(), route_name.to_owned());
+        let inbound = request.into_inner();
+        let responses = futures_util::stream::unfold(Some((inbound, exchange)), |state| async move {
+            let (mut inbound, mut ex) = state?;
+            loop {
+                // An error or end of the inbound stream (Envoy reset or finished it) ends the exchange; dropping
+                // it releases its body reservation.
+                let msg = inbound.message().await.ok()??;
+                match ex.on_message(msg) {
+                    Step::Reply(resp) => return Some((Ok(resp), Some((inbound, ex)))),
+                    Step::Last(resp) => return Some((Ok(resp), None)),
+                    Step::Nothing => continue,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(responses)))
+    }
+}
+
+enum Step {
+    Reply(ProcessingResponse),
+    Last(ProcessingResponse), // an immediate response: the exchange ends here
+    Nothing,
+}
+
+/// One HTTP exchange as it goes through its phases.
+struct Exchange {
+    shared: Arc<Shared>,
+    table: Arc<Table>,
+    route_name: String,
+    route: Option<Route>,
+    ticket: Ticket,
+    soap12: bool,                   // the request's content type names SOAP 1.2: faults are 1.2
+    headers: Vec<(String, String)>, // the request's, for the engine
+    state: Option<Py<PyAny>>,       // the engine's exchange, from the request body to the response body
+}
+
+impl Exchange {
+    fn new(shared: Arc<Shared>, route_name: String) -> Self {
+        counters::STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        counters::STREAMS_ACTIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let table = shared.table();
+        let route = table.routes.get(&route_name).cloned();
+        Exchange {
+            shared,
+            table,
+            route_name,
+            route,
+            ticket: Ticket::new(&BUDGET),
+            soap12: false,
+            headers: Vec::new(),
+            state: None,
+        }
+    }
+
+    fn on_message(&mut self, msg: ProcessingRequest) -> Step {
+        let Some(request) = msg.request else { return Step::Nothing };
+        let (phase, metric_phase) = match &request {
+            In::RequestHeaders(_) => (Phase::RequestHeaders, "request"),
+            In::RequestBody(_) => (Phase::RequestBody, "request"),
+            In::ResponseHeaders(_) => (Phase::ResponseHeaders, "response"),
+            In::ResponseBody(_) => (Phase::ResponseBody, "response"),
+            In::RequestTrailers(_) | In::ResponseTrailers(_) => (Phase::Trailers, "response"),
+        };
+        if let In::RequestHeaders(h) = &request {
+            self.headers = header_list(h);
+            self.soap12 =
+                self.header("content-type").is_some_and(|ct| ct.to_ascii_lowercase().contains("application/soap+xml"));
+        }
+        let Some(route) = self.route.clone() else {
+            let detail = format!("no XML policy for route {:?}", self.route_name);
+            return self.refuse(Refusal::NoRoute, phase, metric_phase, detail);
+        };
+        let result = match request {
+            In::RequestHeaders(h) => self.request_headers(&route, h.end_of_stream),
+            In::ResponseHeaders(h) => self.response_headers(&route, &h),
+            In::RequestBody(b) => return self.body(phase, b.body),
+            In::ResponseBody(b) => return self.body(phase, b.body),
+            In::RequestTrailers(_) => Ok(Out::RequestTrailers(TrailersResponse::default())),
+            In::ResponseTrailers(_) => Ok(Out::ResponseTrailers(TrailersResponse::default())),
+        };
+        match result {
+            Ok(out) => {
+                counters::phase(phase, Outcome::Passed);
+                Step::Reply(ProcessingResponse { response: Some(out), ..Default::default() })
+            }
+            Err((refusal, detail)) => self.refuse(refusal, phase, metric_phase, detail),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    fn request_headers(&self, route: &Route, end_of_stream: bool) -> Result<Out, (Refusal, String)> {
+        let spoofed = admit_request(&self.headers, end_of_stream, route)?;
+        let mutation = HeaderMutation { remove_headers: spoofed, ..Default::default() };
+        let common = CommonResponse { header_mutation: Some(mutation), ..Default::default() };
+        Ok(Out::RequestHeaders(HeadersResponse { response: Some(common) }))
+    }
+
+    fn response_headers(&self, route: &Route, h: &HttpHeaders) -> Result<Out, (Refusal, String)> {
+        let headers = header_list(h);
+        let length = headers.iter().find(|(k, _)| k == "content-length").map(|(_, v)| v.as_str());
+        declared(length, route.max_response_bytes, Refusal::ResponseTooLarge)?;
+        Ok(Out::ResponseHeaders(HeadersResponse::default()))
+    }
+
+    /// A body phase: reserve the body in the budget, then hand it to the engine.
+    fn body(&mut self, phase: Phase, body: Vec<u8>) -> Step {
+        let request = matches!(phase, Phase::RequestBody);
+        let metric_phase = if request { "request" } else { "response" };
+        if let Err(detail) = self.ticket.take(body.len() as u64) {
+            return self.refuse(Refusal::Busy, phase, metric_phase, detail);
+        }
+        let called = Python::attach(|py| self.call_engine(py, metric_phase, &body));
+        let (status, new_body, set_headers) = match called {
+            Ok(answer) => answer,
+            Err(()) => {
+                counters::phase(phase, Outcome::Error);
+                let fault = self.table.fault(Refusal::Internal);
+                let (ct, body) = &fault.bodies[self.soap12 as usize];
+                return Step::Last(immediate(fault.status, vec![header("content-type", ct)], body.clone()));
+            }
+        };
+        counters::phase(phase, Outcome::Engine);
+        let mut set: Vec<HeaderValueOption> = set_headers.iter().map(|(k, v)| header(k, v)).collect();
+        if status != 0 {
+            return Step::Last(immediate(status, set, new_body.unwrap_or_default()));
+        }
+        if let Some(b) = &new_body {
+            // Envoy refuses a replaced body whose content-length no longer fits (and legacy SOAP servers want one).
+            set.push(header("content-length", &b.len().to_string()));
+        }
+        let common = CommonResponse {
+            header_mutation: Some(HeaderMutation { set_headers: set, ..Default::default() }),
+            body_mutation: new_body.map(|b| BodyMutation { mutation: Some(Mutation::Body(b)) }),
+            ..Default::default()
+        };
+        let body_response = BodyResponse { response: Some(common) };
+        let out = if request { Out::RequestBody(body_response) } else { Out::ResponseBody(body_response) };
+        Step::Reply(ProcessingResponse { response: Some(out), ..Default::default() })
+    }
+
+    /// The one call into the engine: `worker.handle(route, phase, body, request headers or None, exchange or
+    /// None) -> (status, body or None, headers to set, exchange)`. Status 0 passes the (new) body on; any other
+    /// status answers the client with that body. A failure of the call itself (the worker catches the engine's
+    /// errors) is printed and answered with a generic fault: fail closed.
+    #[allow(clippy::type_complexity)]
+    fn call_engine(
+        &mut self,
+        py: Python<'_>,
+        phase: &str,
+        body: &[u8],
+    ) -> Result<(u32, Option<Vec<u8>>, Vec<(String, String)>), ()> {
+        let result = (|| -> PyResult<_> {
+            let headers = if phase == "request" {
+                let d = PyDict::new(py);
+                for (k, v) in &self.headers {
+                    d.set_item(k, v)?;
+                }
+                Some(d)
+            } else {
+                None
+            };
+            let state = self.state.take();
+            let args = (self.route_name.as_str(), phase, PyBytes::new(py, body), headers, state);
+            let answer = self.shared.handle.bind(py).call1(args)?;
+            let (status, body, set, state): (u32, Option<Vec<u8>>, Vec<(String, String)>, Py<PyAny>) =
+                answer.extract()?;
+            self.state = Some(state);
+            Ok((status, body, set))
+        })();
+        result.map_err(|err| {
+            eprintln!(
+                "wsgate.frame ERROR the engine call failed on route {:?}; answered with a fault",
+                self.route_name
+            );
+            err.display(py);
+        })
+    }
+
+    /// A refusal answered here: the worker logs it and counts it, the client gets the pre-rendered fault.
+    fn refuse(&mut self, refusal: Refusal, phase: Phase, metric_phase: &str, detail: String) -> Step {
+        counters::phase(phase, Outcome::Refused);
+        counters::refusal(refusal);
+        Python::attach(|py| {
+            let args = (self.route_name.as_str(), metric_phase, refusal.name(), detail);
+            if let Err(err) = self.shared.worker.bind(py).call_method1("refused", args) {
+                err.display(py);
+            }
+        });
+        let fault = self.table.fault(refusal);
+        let (ct, body) = &fault.bodies[self.soap12 as usize];
+        Step::Last(immediate(fault.status, vec![header("content-type", ct)], body.clone()))
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        counters::STREAMS_ACTIVE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A request's headers on an XML route: a SOAP POST with a body within the route's limit, or a refusal. Returns
+/// the headers to remove: those the gateway vouches for, whatever their case.
+fn admit_request(
+    headers: &[(String, String)],
+    end_of_stream: bool,
+    route: &Route,
+) -> Result<Vec<String>, (Refusal, String)> {
+    let find = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    let method = find(":method").unwrap_or("");
+    if method != "POST" {
+        return Err((Refusal::Method, format!("method not POST: {method:.20}")));
+    }
+    if end_of_stream {
+        return Err((Refusal::NoBody, "request without a body".into()));
+    }
+    declared(find("content-length"), route.max_request_bytes, Refusal::TooLarge)?;
+    let identity = route.identity_header.as_deref();
+    let spoofed = headers
+        .iter()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_lowercase();
+            k.starts_with(GATEWAY_HEADER_PREFIX) || Some(k.as_str()) == identity
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    Ok(spoofed)
+}
+
+/// Check a declared content-length against the route's limit. A declared length reserves nothing: only bodies
+/// that arrive hold budget.
+fn declared(length: Option<&str>, limit: u64, too_large: Refusal) -> Result<(), (Refusal, String)> {
+    let Some(length) = length else { return Ok(()) }; // chunked: Envoy stops buffering at the route's limit
+    if length.is_empty() || !length.bytes().all(|b| b.is_ascii_digit()) {
+        let shown: String = length.chars().take(40).collect();
+        return Err((Refusal::BadLength, format!("content-length not a number: {shown:?}")));
+    }
+    let size = length.parse::<u64>().unwrap_or(u64::MAX);
+    if size > limit {
+        let detail = match too_large {
+            Refusal::ResponseTooLarge => format!("backend response refused: body too large: {size} > {limit} bytes"),
+            _ => format!("body too large: {size} > {limit} bytes"),
+        };
+        return Err((too_large, detail));
+    }
+    Ok(())
+}
+
+fn header_list(h: &HttpHeaders) -> Vec<(String, String)> {
+    let Some(map) = &h.headers else { return Vec::new() };
+    map.headers
+        .iter()
+        .map(|hv| {
+            // Envoy sends raw_value; a header's bytes are latin-1 as HTTP/1 has them.
+            let value = if hv.raw_value.is_empty() {
+                hv.value.clone()
+            } else {
+                hv.raw_value.iter().map(|&b| b as char).collect()
+            };
+            (hv.key.clone(), value)
+        })
+        .collect()
+}
+
+fn header(key: &str, value: &str) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue { key: key.into(), raw_value: value.as_bytes().to_vec(), ..Default::default() }),
+        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        ..Default::default()
+    }
+}
+
+fn immediate(status: u32, headers: Vec<HeaderValueOption>, body: Vec<u8>) -> ProcessingResponse {
+    let response = ImmediateResponse {
+        status: Some(HttpStatus { code: status as i32 }),
+        headers: Some(HeaderMutation { set_headers: headers, ..Default::default() }),
+        body,
+        details: "wsgate".into(),
+        ..Default::default()
+    };
+    ProcessingResponse { response: Some(Out::ImmediateResponse(response)), ..Default::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route() -> Route {
+        Route { max_request_bytes: 100, max_response_bytes: 200, identity_header: Some("x-user".into()) }
+    }
+
+    fn request(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn only_a_soap_post_with_a_body_within_the_limit_is_admitted() {
+        let ok = request(&[(":method", "POST"), ("content-length", "100")]);
+        assert_eq!(admit_request(&ok, false, &route()), Ok(vec![]));
+        for method in ["GET", "post", "PUT", ""] {
+            let r = request(&[(":method", method)]);
+            assert_eq!(admit_request(&r, false, &route()).unwrap_err().0, Refusal::Method, "{method:?}");
+        }
+        assert_eq!(admit_request(&request(&[]), false, &route()).unwrap_err().0, Refusal::Method);
+        let bodyless = request(&[(":method", "POST")]);
+        assert_eq!(admit_request(&bodyless, true, &route()).unwrap_err().0, Refusal::NoBody);
+        let large = request(&[(":method", "POST"), ("content-length", "101")]);
+        assert_eq!(admit_request(&large, false, &route()).unwrap_err().0, Refusal::TooLarge);
+        let chunked = request(&[(":method", "POST"), ("transfer-encoding", "chunked")]);
+        assert_eq!(admit_request(&chunked, false, &route()), Ok(vec![]));
+    }
+
+    #[test]
+    fn headers_the_gateway_vouches_for_are_removed_from_client_requests() {
+        let r = request(&[
+            (":method", "POST"),
+            ("x-wsgate-subject", "CN=admin"),
+            ("X-WSGATE-ROUTE", "other"),
+            ("x-user", "admin"),
+            ("X-User", "admin"),
+            ("x-wsgatesubject", "kept"),
+            ("content-type", "text/xml"),
+        ]);
+        let removed = admit_request(&r, false, &route()).unwrap();
+        assert_eq!(removed, ["x-wsgate-subject", "X-WSGATE-ROUTE", "x-user", "X-User"]);
+    }
+
+    #[test]
+    fn declared_lengths_over_the_limit_or_not_numbers_are_refused() {
+        assert!(declared(None, 10, Refusal::TooLarge).is_ok());
+        assert!(declared(Some("10"), 10, Refusal::TooLarge).is_ok());
+        assert_eq!(declared(Some("11"), 10, Refusal::TooLarge).unwrap_err().0, Refusal::TooLarge);
+        let (refusal, detail) = declared(Some("11"), 10, Refusal::ResponseTooLarge).unwrap_err();
+        assert_eq!(
+            (refusal, detail.as_str()),
+            (Refusal::ResponseTooLarge, "backend response refused: body too large: 11 > 10 bytes")
+        );
+        for bad in ["", "12x", "-1", " 5", "1e3", "٣"] {
+            assert_eq!(declared(Some(bad), 10, Refusal::TooLarge).unwrap_err().0, Refusal::BadLength, "{bad:?}");
+        }
+        // More digits than any integer: too large, not a wrap-around.
+        assert_eq!(declared(Some("99999999999999999999999"), 10, Refusal::TooLarge).unwrap_err().0, Refusal::TooLarge);
+    }
+}
