@@ -1,12 +1,14 @@
 """Body bytes in flight: each filter worker admits exchanges only while their bodies fit its budget.
 
 The worst case of a gateway's memory is (concurrent large exchanges) x (memory per exchange); the budget bounds
-the first factor. An exchange reserves its body's declared size (content-length, or the route's limit when the
-body is chunked) as soon as the headers arrive, so a refused body is never buffered by Envoy nor sent here; the
-reservation follows the real size once the body arrives, moves from the request to the response when the backend
-answers, and is released when the exchange ends. What does not fit is refused at once, never queued: a 503 SOAP
-fault, with the reason `busy` in the log and the metrics. A declared body over the route's own limit is refused
-here too (413, or 502 for a backend response), before Envoy buffers it.
+the first factor, counting only bytes that actually arrived: Envoy buffers a body whole (up to the route's limit)
+before the body phase, and that body's real length is reserved then. A declared content-length reserves nothing
+(a client that sends headers declaring 10 MB and then nothing must not hold the budget: Envoy's request timeouts
+close it), nor does a chunked body. At a headers phase, a declared body over the route's own limit is refused at
+once (413, or 502 for a backend response), before Envoy buffers it, and so is a content-length that is not a
+number. An exchange holds one body at a time (its request, then its response), released when the stream ends.
+What does not fit is refused at once, never queued: a 503 SOAP fault, with the reason `busy` in the log and the
+metrics.
 
 Sizes only: this module knows ext_proc messages and the route's limits, nothing of XML."""
 
@@ -62,12 +64,12 @@ class Ticket:
         elif kind == "response_body":
             self._take(len(req.response_body.body))
 
-    def _declared(self, headers: pb.HttpHeaders, limit: int, *, response: bool) -> None:
+    @staticmethod
+    def _declared(headers: pb.HttpHeaders, limit: int, *, response: bool) -> None:
+        """Refuse a declared size over the route's limit; reserve nothing (no byte of the body has arrived)."""
         length = next((h.raw_value for h in headers.headers.headers if h.key == "content-length"), None)
         if length is None:
-            # Chunked: as large as the route lets it be (Envoy stops buffering there).
-            self._take(0 if headers.end_of_stream else limit)
-            return
+            return  # chunked, or no body: Envoy stops buffering at the route's limit
         if not length.isdigit():
             raise faults.client(f"content-length not a number: {length[:40]!r}")
         size = int(length)
@@ -75,10 +77,9 @@ class Ticket:
             if response:
                 raise faults.server(f"backend response refused: body too large: {size} > {limit} bytes", status=502)
             raise faults.client(f"body too large: {size} > {limit} bytes", status=413)
-        self._take(size)
 
     def _take(self, size: int) -> None:
-        """Hold `size` bytes: one body at a time (once the response comes, the request body has left Envoy)."""
+        """Hold `size` bytes that arrived: one body at a time (the response body replaces the request body)."""
         self.budget._resize(self.held, size)
         self.held = size
 

@@ -31,29 +31,57 @@ def test_an_exchange_holds_one_body_at_a_time_and_releases_it() -> None:
     budget = Budget(5000)
     ticket = budget.ticket(ROUTE)
     ticket.account(headers("request_headers", 900))
-    assert budget.in_flight == 900  # declared: reserved before Envoy buffers it
+    assert budget.in_flight == 0  # declared: no byte has arrived yet
     ticket.account(body("request_body", 800))
-    assert budget.in_flight == 800  # the real size
+    assert budget.in_flight == 800  # the body Envoy buffered whole
     ticket.account(headers("response_headers", None))
-    assert budget.in_flight == 3000  # chunked response: as large as the route lets it be
+    assert budget.in_flight == 800  # chunked response: still the request body until the response body arrives
     ticket.account(body("response_body", 2500))
-    assert budget.in_flight == 2500
+    assert budget.in_flight == 2500  # one body at a time
     ticket.release()
+    assert budget.in_flight == 0
+
+
+def test_declared_lengths_that_never_arrive_hold_nothing() -> None:
+    """Clients that send headers declaring large bodies and then nothing must not pin the budget."""
+    budget = Budget(1500)
+    idle = [budget.ticket(ROUTE) for _ in range(50)]
+    for ticket in idle:
+        ticket.account(headers("request_headers", 1000))
+    assert budget.in_flight == 0
+    real = budget.ticket(ROUTE)
+    real.account(headers("request_headers", 1000))
+    real.account(body("request_body", 1000))
+    assert budget.in_flight == 1000
+    real.release()
     assert budget.in_flight == 0
 
 
 def test_what_does_not_fit_is_refused_and_holds_nothing() -> None:
     budget = Budget(1500)
     first = budget.ticket(ROUTE)
-    first.account(headers("request_headers", 1000))
+    first.account(body("request_body", 1000))
     second = budget.ticket(ROUTE)
     with pytest.raises(faults.Fault) as refused:
-        second.account(headers("request_headers", 600))
+        second.account(body("request_body", 600))
     assert (refused.value.http_status, faults.metric_reason(refused.value)) == (503, "busy")
     assert refused.value.message == "Service unavailable" and not refused.value.sender
     second.release()
     assert budget.in_flight == 1000
-    second.account(headers("request_headers", 500))  # fits exactly
+    second.account(body("request_body", 500))  # fits exactly
+    first.release()
+    second.release()
+    assert budget.in_flight == 0
+
+
+def test_a_response_body_that_does_not_fit_is_refused_and_keeps_the_request_reservation() -> None:
+    budget = Budget(3000)
+    first, second = budget.ticket(ROUTE), budget.ticket(ROUTE)
+    first.account(body("request_body", 1000))
+    second.account(body("request_body", 1000))
+    with pytest.raises(faults.Fault):
+        first.account(body("response_body", 2500))
+    assert budget.in_flight == 2000
     first.release()
     second.release()
     assert budget.in_flight == 0
@@ -78,7 +106,10 @@ def test_declared_sizes_over_the_route_limit_are_refused(
     assert budget.in_flight == 0
 
 
-def test_a_bodyless_request_reserves_nothing() -> None:
+@pytest.mark.parametrize("length", [None, 0, 1000])
+def test_headers_reserve_nothing(length: int | None) -> None:
     budget = Budget(10)
-    budget.ticket(ROUTE).account(headers("request_headers", None, end=True))
+    ticket = budget.ticket(ROUTE)
+    ticket.account(headers("request_headers", length, end=length is None))
+    ticket.account(headers("response_headers", length))
     assert budget.in_flight == 0

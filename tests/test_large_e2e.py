@@ -190,38 +190,68 @@ def in_flight(gw: Gateway) -> float:
     return float(next(line.split()[1] for line in text.splitlines() if line.startswith("wsgate_body_bytes_in_flight")))
 
 
+def _held_backend() -> tuple[http.server.ThreadingHTTPServer, threading.Event, list[int]]:
+    """A backend that echoes each POST only once `release` is set: the exchange, and the body it holds in the
+    worker's budget, stay in flight meanwhile. `got` lists the body sizes that reached it."""
+    release, got = threading.Event(), []
+
+    class Held(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            got.append(len(body))
+            release.wait(30)
+            self.send_response(200)
+            self.send_header("content-type", "text/xml")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Held)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, release, got
+
+
 def test_body_budget_refuses_what_does_not_fit_and_frees_on_completion(tmp_path: Path, pki: Path) -> None:
     limit = 600_000  # two of these do not fit a 1 MiB budget
-    routes = [{"name": "xml", "match": {"path_prefix": "/"}, "upstream": {"address": "BACKEND"}, "profile": "xml",
+    server, release, got = _held_backend()
+    routes = [{"name": "xml", "match": {"path_prefix": "/"}, "profile": "xml",
+               "upstream": {"address": f"127.0.0.1:{server.server_address[1]}"},
                "limits": {"max_body_bytes": limit}, "response_limits": {"max_body_bytes": limit}}]  # fmt: skip
-    with running_gateway(tmp_path, routes, pki, metrics=True, body_budget_mb=1) as g:
-        body = exactly(limit - 16)
-        # A client that declared its body and sent half of it holds its reservation meanwhile.
-        slow = socket.create_connection(("127.0.0.1", g.opts.http_port))
-        slow.sendall(f"POST /demo HTTP/1.1\r\nhost: x\r\ncontent-type: text/xml\r\ncontent-length: {len(body)}\r\n\r\n"
-                     .encode() + body[: len(body) // 2])  # fmt: skip
-        deadline = time.monotonic() + 10
-        while in_flight(g) != len(body):
-            assert time.monotonic() < deadline, "the first request never reached the filter"
-            time.sleep(0.05)
-        clear(g)
-        for version in ("1.1", "1.2"):
-            r = post(g, "/demo", exactly(limit - 16, version), version)
-            assert r.status_code == 503
-            assert fault_of(r) == (receiver_fault(version), "Service unavailable")
-        assert received(g) == []  # refused, not queued
-        metrics = requests.get(g.metrics_urls()[0], timeout=5).text
-        assert 'wsgate_faults_total{profile="xml",reason="busy",route="xml"} 2.0' in metrics
-        # The first request completes; its reservation is released and the next one fits.
-        slow.sendall(body[len(body) // 2 :])
-        head = slow.recv(65536)
-        assert head.startswith(b"HTTP/1.1 200")
-        slow.close()
-        deadline = time.monotonic() + 10
-        while in_flight(g) != 0:  # the exchange ends just after its reply left
-            assert time.monotonic() < deadline, "the reservation was never released"
-            time.sleep(0.05)
-        assert post(g, "/demo", body).status_code == 200
+    try:
+        with running_gateway(tmp_path, routes, pki, metrics=True, body_budget_mb=1, backend=False) as g:
+            body = exactly(limit - 16)
+            # A whole body that arrived holds its reservation while the backend answers.
+            first: list[requests.Response] = []
+            holder = threading.Thread(target=lambda: first.append(post(g, "/demo", body)))
+            holder.start()
+            deadline = time.monotonic() + 10
+            while in_flight(g) != len(body) or not got:
+                assert time.monotonic() < deadline, "the first request never reached the backend"
+                time.sleep(0.05)
+            for version in ("1.1", "1.2"):
+                r = post(g, "/demo", exactly(limit - 16, version), version)
+                assert r.status_code == 503
+                assert fault_of(r) == (receiver_fault(version), "Service unavailable")
+            assert got == [len(body)]  # refused, not queued
+            metrics = requests.get(g.metrics_urls()[0], timeout=5).text
+            assert 'wsgate_faults_total{profile="xml",reason="busy",route="xml"} 2.0' in metrics
+            # The first exchange completes; its reservation is released and the next one fits.
+            release.set()
+            holder.join(30)
+            assert first[0].status_code == 200
+            deadline = time.monotonic() + 10
+            while in_flight(g) != 0:  # the exchange ends just after its reply left
+                assert time.monotonic() < deadline, "the reservation was never released"
+                time.sleep(0.05)
+            assert post(g, "/demo", body).status_code == 200
+    finally:
+        release.set()
+        server.shutdown()
 
 
 def test_policies_whose_bodies_exceed_the_budget_are_refused(tmp_path: Path, pki: Path) -> None:
