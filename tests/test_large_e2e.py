@@ -6,7 +6,6 @@ and Envoy's heap limit refuse what does not fit with a 503 SOAP fault instead of
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 import time
 from collections.abc import Iterator
