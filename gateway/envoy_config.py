@@ -444,6 +444,11 @@ def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
             "eds_cluster_config": {"eds_config": _file_source(topo, "eds.yaml")},
         }
     filt["per_connection_buffer_limit_bytes"] = buffer_limit
+    # Every request on an XML route holds an ext_proc stream from its headers on: Envoy's default of 1024 would let
+    # that many idle clients refuse everyone else (503). The listener's connection limit and timeouts bound them.
+    filt["circuit_breakers"] = {"thresholds": [{"max_connections": topo.max_connections,
+                                                "max_pending_requests": topo.max_connections,
+                                                "max_requests": topo.max_connections}]}  # fmt: skip
     # ext_proc is gRPC: the cluster must speak HTTP/2 or every exchange fails.
     filt["typed_extension_protocol_options"] = {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
