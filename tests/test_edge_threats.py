@@ -9,6 +9,7 @@ library would normalize the very paths and headers under test):
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import select
@@ -62,6 +63,15 @@ def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Gateway]
         yield g
 
 
+@functools.cache
+def _tls_context(pki: Path, client_cert: bool) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    ctx.check_hostname = False
+    if client_cert:
+        ctx.load_cert_chain(pki / "client.pem", pki / "client.key")
+    return ctx
+
+
 def send(
     gw: Gateway, target: bytes, pki: Path, *, tls: bool, headers: bytes = b"", body: bytes = BODY,
     client_cert: bool = False,
@@ -69,11 +79,7 @@ def send(
     """One request on a fresh connection, byte for byte as given: (status, response body)."""
     sock = socket.create_connection(("127.0.0.1", gw.opts.https_port if tls else gw.opts.http_port), timeout=10)
     if tls:
-        ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
-        ctx.check_hostname = False
-        if client_cert:
-            ctx.load_cert_chain(pki / "client.pem", pki / "client.key")
-        sock = ctx.wrap_socket(sock, server_hostname="localhost")
+        sock = _tls_context(pki, client_cert).wrap_socket(sock, server_hostname="localhost")
     head = (b"POST " + target + b" HTTP/1.1\r\nhost: gateway\r\ncontent-type: text/xml; charset=utf-8\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n" + headers + b"\r\n")  # fmt: skip
     with sock:
