@@ -230,7 +230,8 @@ def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
 AMBIGUOUS_PATH = r"(?i).*(?:;|%(?:[01][0-9a-f]|7f|2[35]|3[bf]|c[01]|e0%[89]|f0%8)|%(?:[^0-9a-f]|.[^0-9a-f]|.?$)).*"
 # Headers the gateway vouches for or Envoy writes: never taken from a client, on every route, before routing.
 GATEWAY_HEADER_PREFIXES = ("x-wsgate-", "x-envoy-")
-FORWARDING_PREFIX = "x-forwarded-"  # x-forwarded-for/-proto/-host/-port/-client-cert...
+FORWARDING_PREFIX = "x-forwarded-"
+ODD_HEADER_NAME = r"[^:a-z0-9-].*|[^:].*[^a-z0-9-].*"  # x-forwarded-for/-proto/-host/-port/-client-cert...
 
 
 def _early_header_mutation(policies: PolicySet) -> dict[str, Any]:
@@ -244,6 +245,9 @@ def _early_header_mutation(policies: PolicySet) -> dict[str, Any]:
     for r in policies.routes:
         names |= {h for h in (r.identity_header, r.tls.subject_header) if h}
     mutations: list[dict[str, Any]] = [{"remove_on_match": {"key_matcher": {"prefix": p}}} for p in prefixes]
+    # Names some backend could map onto another (x.wsgate.subject, as x_wsgate_subject: CGI variables): only
+    # [a-z0-9-] passes (Envoy lowercases names; pseudo-headers start with `:`).
+    mutations.append({"remove_on_match": {"key_matcher": {"safe_regex": {"regex": ODD_HEADER_NAME}}}})
     mutations += [{"remove": n} for n in sorted(names) if not n.startswith(tuple(prefixes))]
     return {
         "name": "envoy.http.early_header_mutation.header_mutation",

@@ -169,8 +169,11 @@ def test_defaults_normalize_paths_and_strip_what_the_gateway_vouches_for() -> No
         assert hcm["common_http_protocol_options"]["headers_with_underscores_action"] == "DROP_HEADER"
         assert hcm["xff_num_trusted_hops"] == 0 and hcm["request_headers_timeout"] == "10s"
         mutations = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
-        prefixes = {m["remove_on_match"]["key_matcher"]["prefix"] for m in mutations if "remove_on_match" in m}
-        assert prefixes == {"x-wsgate-", "x-envoy-", "x-forwarded-"}
+        matchers = [m["remove_on_match"]["key_matcher"] for m in mutations if "remove_on_match" in m]
+        assert {m.get("prefix") for m in matchers} == {"x-wsgate-", "x-envoy-", "x-forwarded-", None}
+        odd = next(m["safe_regex"]["regex"] for m in matchers if "safe_regex" in m)
+        names = ["x.wsgate.subject", "x-wsgate~subject", "x-wsgate-subject.", "_", "x_y", ":path", "host", "x-ok-1"]
+        assert [n for n in names if re.fullmatch(odd, n)] == names[:5]
         assert {m["remove"] for m in mutations if "remove" in m} == {"forwarded", "x-real-ip", "x-client-subject"}
         first = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
         assert first["name"] == "ambiguous-path" and first["direct_response"] == {"status": 400}
