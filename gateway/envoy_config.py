@@ -155,7 +155,8 @@ _POST = {"name": ":method", "string_match": {"exact": "POST"}}
 def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
     """Envoy routes for one policy route (two when a SOAPAction is matched: the 1.1 header or the 1.2 action)."""
     matches: list[dict[str, Any]] = []
-    base = {"prefix": route.match.path_prefix}
+    # Case-insensitive: a backend that ignores case (IIS) must not read /RSA/ as a route Envoy did not choose.
+    base = {"prefix": route.match.path_prefix, "case_sensitive": False}
     if route.match.soap_action is None:
         matches.append(base)
     else:
@@ -290,7 +291,9 @@ def _http_connection_manager(policies: PolicySet, topo: Topology, tls_listener: 
     name = "https" if tls_listener else "http"
     refused = {"name": "ambiguous-path", "match": {"safe_regex": {"regex": AMBIGUOUS_PATH}},
                "direct_response": {"status": 400}, "typed_per_filter_config": _DISABLED}  # fmt: skip
-    routes = [refused, *(e for r in policies.routes for e in _route_entries(r, tls_listener))]
+    # The most specific match first, whatever the file order: a `none` route on `/` never shadows `/rsa/`.
+    ordered = sorted(policies.routes, key=lambda r: (-len(r.match.path_prefix), r.match.soap_action is None))
+    routes = [refused, *(e for r in ordered for e in _route_entries(r, tls_listener))]
     # Anything no policy names is answered here, as a SOAP fault, and never reaches the filter or a backend.
     routes.append({
         "name": "no-policy",

@@ -347,7 +347,7 @@ def load_dir(directory: Path | str) -> PolicySet:
             routes.append(r)
     seen: dict[tuple[str, str | None], str] = {}
     for r in routes:
-        key = (r.match.path_prefix, r.match.soap_action)
+        key = (r.match.path_prefix.lower(), r.match.soap_action)  # Envoy matches prefixes ignoring case
         if key in seen:
             errors.append(f"{sources[r.name]}: route {r.name}: field match: same match as route {seen[key]}")
         seen[key] = r.name

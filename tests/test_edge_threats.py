@@ -111,9 +111,10 @@ def clear(gw: Gateway) -> None:
 
 def backend_view(path: str) -> str:
     """The most lenient backend's reading of a path: percent-decoding until nothing changes, `\\` as `/`, `;`
-    parameters dropped (Tomcat), dot segments removed, slashes merged."""
+    parameters dropped (Tomcat), dot segments removed, slashes merged, case ignored (IIS)."""
     while (decoded := unquote(path)) != path:
         path = decoded
+    path = path.lower()
     segments: list[str] = []
     for seg in path.replace("\\", "/").split("/"):
         seg = seg.split(";", 1)[0]
@@ -126,7 +127,7 @@ def backend_view(path: str) -> str:
 
 
 def route_of(path: str) -> str | None:
-    return next((r for r in ROUTES if path.startswith(f"/{r}/")), None)
+    return next((r for r in ROUTES if path.lower().startswith(f"/{r}/")), None)
 
 
 # Each form walks from route {a} to route {b}; mixes of encodings, separators and dot spellings.
@@ -138,7 +139,14 @@ CONFUSIONS = [
     "/{a}/..;/{b}/demo", "/{a}/..;x=1/{b}/demo", "/{a}/%2e%2e;/{b}/demo", "/{a}/x;/../../{b}/demo",
     "/{a}/%252e%252e/{b}/demo", "/{a}/%252e%252e%252f{b}/demo", "/{a}/%c0%ae%c0%ae/{b}/demo", "/{a}/%e0%80%ae./{b}/demo",
     "/{a}/%2e%2e/%2e%2e/{a}/%2e./{b}/demo", "http://gateway/{a}/../{b}/demo", "/{a}/./%2e%2e\\.%2e/{b}/demo",
+    "/{a}/../{B}/demo", "/{a}/%2E%2e/{Bb}/demo", "/{A}/..%2F{B}/demo",
 ]  # fmt: skip
+
+
+def confusion(form: str, a: str, b: str) -> bytes:
+    return form.format(a=a, b=b, A=a.upper(), B=b.upper(), Bb=b[0].upper() + b[1:]).encode()
+
+
 PAIRS = [(a, b) for a in ROUTES for b in ROUTES if a != b]
 
 
@@ -150,7 +158,7 @@ def test_path_confusion_cannot_reach_a_secured_route(gw: Gateway, pki: Path, a: 
         clear(gw)
         statuses = {}
         for i, form in enumerate(CONFUSIONS):
-            target = form.format(a=a, b=b).encode()
+            target = confusion(form, a, b)
             statuses[form] = send(gw, target, pki, tls=tls, headers=f"x-probe: {i}\r\n".encode())[0]
         got = received(gw)
         for r in got:
@@ -159,7 +167,7 @@ def test_path_confusion_cannot_reach_a_secured_route(gw: Gateway, pki: Path, a: 
             seen, routed = route_of(backend_view(path)), route_of(path)
             assert seen == routed, f"{form}: backend got {path!r}, which it reads as route {seen}, not {routed}"
             assert routed in OPEN[tls], f"{form}: unsigned request reached {routed} ({'https' if tls else 'http'})"
-            assert path == backend_view(path), f"{form}: backend got {path!r}, not a normalized path"
+            assert path.lower() == backend_view(path), f"{form}: backend got {path!r}, not a normalized path"
         # A 200 only ever comes from the backend, for what was checked above.
         assert {f for f, s in statuses.items() if s == 200} == {CONFUSIONS[int(r["headers"]["x-probe"])] for r in got}
         # Control: the same probe straight to an open route does reach the backend.
@@ -167,6 +175,19 @@ def test_path_confusion_cannot_reach_a_secured_route(gw: Gateway, pki: Path, a: 
             clear(gw)
             assert send(gw, f"/{a}/demo".encode(), pki, tls=tls)[0] == 200
             assert [r["path"] for r in received(gw)] == [f"/{a}/demo"]
+
+
+def test_a_catch_all_open_route_never_shadows_a_secured_one(tmp_path: Path, pki: Path) -> None:
+    """Listed first, a `none` route on `/` still loses to the longer `/rsa/` prefix, in any case."""
+    routes = [{"name": "rest", "match": {"path_prefix": "/"}, "profile": "none", "upstream": {"address": "BACKEND"}},
+              route_doc(pki, "rsa", name="rsa")]  # fmt: skip
+    with running_gateway(tmp_path, routes, pki) as g:
+        for target in (b"/rsa/demo", b"/RSA/demo", b"/Rsa/x/../demo", b"/x/../rSa/demo", b"/x/%2e%2e/RSA/demo"):
+            clear(g)
+            assert send(g, target, pki, tls=False)[0] == 500  # the rsa route's fault: unsigned
+            assert received(g) == []
+        assert send(g, b"/other/demo", pki, tls=False)[0] == 200
+        assert [r["path"] for r in received(g)] == ["/other/demo"]
 
 
 @pytest.mark.parametrize(

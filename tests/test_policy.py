@@ -128,3 +128,10 @@ def test_identity_headers_are_lowercase_without_underscores(tmp_path: Path, name
     reliably nor set."""
     with pytest.raises(PolicyError, match="field identity_header"):
         load_dir(write(tmp_path, "a.yaml", GOOD + f"    identity_header: '{name}'\n"))
+
+
+def test_prefixes_that_differ_only_in_case_are_the_same_match(tmp_path: Path) -> None:
+    """Envoy matches prefixes ignoring case (a backend like IIS does too): /Orders/ and /orders/ would collide."""
+    other = GOOD.replace("name: orders", "name: billing").replace("/orders/", "/Orders/")
+    with pytest.raises(PolicyError, match="route billing: field match: same match as route orders"):
+        load_dir(write(write(tmp_path, "a.yaml", GOOD), "b.yaml", other))
