@@ -1,7 +1,7 @@
 """Policies: YAML files in policies/ -> validated models.
 
 Every file holds `routes:`; each route has a match, an upstream and a security profile with that profile's
-options. Validation errors name the file, the route and the field. `${VAR:-default}` in a string value is
+options. One file may also hold `edge:`, Envoy's listener settings (timeouts, header limits, trusted proxies). Validation errors name the file, the route and the field. `${VAR:-default}` in a string value is
 replaced from the environment, so one policy set serves the local and the Compose topology."""
 
 from __future__ import annotations
