@@ -231,7 +231,8 @@ class SecureConversationPipeline(SecuredPipeline):
         if rst.request_type == "issue":
             if verified.context is not None or verified.signer_certificate is None or verified.subject is None:
                 raise faults.security("InvalidSecurity", "an Issue request must be signed with an X.509 certificate")
-            # Client entropy is only secret if nobody could read it on the way: encrypted Body or TLS.
+            # Client entropy is only secret if nobody could read it on the way: encrypted Body or TLS (Envoy writes
+            # x-forwarded-proto itself: the client's is dropped before routing, gateway/envoy_config.py).
             confidential = verified.decrypted_body or headers.get("x-forwarded-proto") == "https"
             answer = sc.answer_issue(
                 rst, self.store, verified.signer_certificate, verified.subject, now, entropy_confidential=confidential

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gateway.policy import PolicySet, Route
+from gateway.policy import Edge, PolicySet, Route
 
 EXT_PROC = "envoy.filters.http.ext_proc"
 RBAC = "envoy.filters.http.rbac"
@@ -155,7 +155,8 @@ _POST = {"name": ":method", "string_match": {"exact": "POST"}}
 def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
     """Envoy routes for one policy route (two when a SOAPAction is matched: the 1.1 header or the 1.2 action)."""
     matches: list[dict[str, Any]] = []
-    base = {"prefix": route.match.path_prefix}
+    # Case-insensitive: a backend that ignores case (IIS) must not read /RSA/ as a route Envoy did not choose.
+    base = {"prefix": route.match.path_prefix, "case_sensitive": False}
     if route.match.soap_action is None:
         matches.append(base)
     else:
@@ -223,9 +224,76 @@ def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
     return entries + refusals
 
 
+# Envoy normalizes before routing: dot segments (also %2e and `..;`) removed, percent-encoded unreserved characters
+# decoded, `\` turned into `/`, slashes merged, %2F and %5C refused (400). What is left that a backend could still
+# read as another path is refused here (400): a `;` path parameter (Tomcat and Jetty drop `;...` from a segment),
+# a percent-encoded control, `%`, `;`, `?`, `#` or overlong UTF-8 lead (%C0.., %E0%80.., %F0%80..), a bad escape.
+AMBIGUOUS_PATH = r"(?i).*(?:;|%(?:[01][0-9a-f]|7f|2[35]|3[bf]|c[01]|e0%[89]|f0%8)|%(?:[^0-9a-f]|.[^0-9a-f]|.?$)).*"
+# Headers the gateway vouches for or Envoy writes: never taken from a client, on every route, before routing.
+GATEWAY_HEADER_PREFIXES = ("x-wsgate-", "x-envoy-")
+FORWARDING_PREFIX = "x-forwarded-"
+ODD_HEADER_NAME = r"[^:a-z0-9-].*|[^:].*[^a-z0-9-].*"  # x-forwarded-for/-proto/-host/-port/-client-cert...
+
+
+def _early_header_mutation(policies: PolicySet) -> dict[str, Any]:
+    edge = policies.edge
+    prefixes = [*GATEWAY_HEADER_PREFIXES]
+    names = {"x-forwarded-client-cert"}
+    if edge.xff_num_trusted_hops == 0:
+        # No proxy in front: the client's forwarding claims are dropped, Envoy writes x-forwarded-for/-proto itself.
+        prefixes.append(FORWARDING_PREFIX)
+        names |= {"forwarded", "x-real-ip"}
+    for r in policies.routes:
+        names |= {h for h in (r.identity_header, r.tls.subject_header) if h}
+    mutations: list[dict[str, Any]] = [{"remove_on_match": {"key_matcher": {"prefix": p}}} for p in prefixes]
+    # Names some backend could map onto another (x.wsgate.subject, as x_wsgate_subject: CGI variables): only
+    # [a-z0-9-] passes (Envoy lowercases names; pseudo-headers start with `:`).
+    mutations.append({"remove_on_match": {"key_matcher": {"safe_regex": {"regex": ODD_HEADER_NAME}}}})
+    mutations += [{"remove": n} for n in sorted(names) if not n.startswith(tuple(prefixes))]
+    return {
+        "name": "envoy.http.early_header_mutation.header_mutation",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+            "mutations": mutations,
+        },
+    }
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _edge_settings(edge: Edge) -> dict[str, Any]:
+    """Paths, client headers and timeouts (README "Threat model"): the same on both listeners."""
+    return {
+        # Routes match the RFC 3986 normalized path with slashes merged, and the backend gets that same path.
+        "normalize_path": True,
+        "merge_slashes": True,
+        "path_with_escaped_slashes_action": "REJECT_REQUEST",  # %2F, %5C: 400
+        # x-forwarded-for/-proto are Envoy's: the peer address and the listener's own scheme.
+        "use_remote_address": True,
+        "xff_num_trusted_hops": edge.xff_num_trusted_hops,
+        "forward_client_cert_details": "SANITIZE",
+        "max_request_headers_kb": edge.max_request_headers_kb,
+        "request_headers_timeout": _seconds(edge.request_headers_timeout_s),
+        "request_timeout": _seconds(edge.request_timeout_s),
+        "stream_idle_timeout": _seconds(edge.stream_idle_timeout_s),
+        "common_http_protocol_options": {
+            "idle_timeout": _seconds(edge.connection_idle_timeout_s),
+            "max_headers_count": edge.max_headers_count,
+            # x_wsgate_subject is x-wsgate-subject to CGI, WSGI and nginx: such names never pass.
+            "headers_with_underscores_action": "DROP_HEADER",
+        },
+    }
+
+
 def _http_connection_manager(policies: PolicySet, topo: Topology, tls_listener: bool) -> dict[str, Any]:
     name = "https" if tls_listener else "http"
-    routes = [e for r in policies.routes for e in _route_entries(r, tls_listener)]
+    refused = {"name": "ambiguous-path", "match": {"safe_regex": {"regex": AMBIGUOUS_PATH}},
+               "direct_response": {"status": 400}, "typed_per_filter_config": _DISABLED}  # fmt: skip
+    # The most specific match first, whatever the file order: a `none` route on `/` never shadows `/rsa/`.
+    ordered = sorted(policies.routes, key=lambda r: (-len(r.match.path_prefix), r.match.soap_action is None))
+    routes = [refused, *(e for r in ordered for e in _route_entries(r, tls_listener))]
     # Anything no policy names is answered here, as a SOAP fault, and never reaches the filter or a backend.
     routes.append({
         "name": "no-policy",
@@ -236,6 +304,9 @@ def _http_connection_manager(policies: PolicySet, topo: Topology, tls_listener: 
     http_filters: list[dict[str, Any]] = [
         {
             "name": EXT_PROC,
+            # Only on the routes that enable it (XML routes): a request refused before routing (an escaped slash)
+            # keeps Envoy's own 400 instead of opening an ext_proc stream for no route.
+            "disabled": True,
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
                 "grpc_service": {
@@ -279,6 +350,8 @@ def _http_connection_manager(policies: PolicySet, topo: Topology, tls_listener: 
             "stat_prefix": name,
             "codec_type": "AUTO",
             "server_header_transformation": "PASS_THROUGH",
+            **_edge_settings(policies.edge),
+            "early_header_mutation_extensions": [_early_header_mutation(policies)],
             "route_config": {
                 "name": f"{name}_routes",
                 "virtual_hosts": [{"name": "soap", "domains": ["*"], "routes": routes}],
@@ -378,6 +451,11 @@ def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
             "eds_cluster_config": {"eds_config": _file_source(topo, "eds.yaml")},
         }
     filt["per_connection_buffer_limit_bytes"] = buffer_limit
+    # Every request on an XML route holds an ext_proc stream from its headers on: Envoy's default of 1024 would let
+    # that many idle clients refuse everyone else (503). The listener's connection limit and timeouts bound them.
+    filt["circuit_breakers"] = {"thresholds": [{"max_connections": topo.max_connections,
+                                                "max_pending_requests": topo.max_connections,
+                                                "max_requests": topo.max_connections}]}  # fmt: skip
     # ext_proc is gRPC: the cluster must speak HTTP/2 or every exchange fails.
     filt["typed_extension_protocol_options"] = {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {

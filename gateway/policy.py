@@ -1,7 +1,7 @@
 """Policies: YAML files in policies/ -> validated models.
 
 Every file holds `routes:`; each route has a match, an upstream and a security profile with that profile's
-options. Validation errors name the file, the route and the field. `${VAR:-default}` in a string value is
+options. One file may also hold `edge:`, Envoy's listener settings (timeouts, header limits, trusted proxies). Validation errors name the file, the route and the field. `${VAR:-default}` in a string value is
 replaced from the environment, so one policy set serves the local and the Compose topology."""
 
 from __future__ import annotations
@@ -81,9 +81,12 @@ class Limits(Strict):
     max_namespaces_in_scope: int = Field(default=32, gt=0, le=1024)  # on an element and its ancestors
 
 
+HEADER_NAME = r"^[a-z0-9][a-z0-9-]{0,127}$"  # lowercase, no underscore: what Envoy forwards and can strip
+
+
 class TlsOptions(Strict):
     require_client_certificate: bool = False
-    subject_header: str | None = "x-client-subject"
+    subject_header: str | None = Field(default="x-client-subject", pattern=HEADER_NAME)
 
 
 class TimestampPolicy(Strict):
@@ -245,7 +248,7 @@ class Route(Strict):
     unsigned_headers: UnsignedHeaders = UnsignedHeaders()
     # Who the request is from, for the backend: the X.509 signer's subject, the UsernameToken user, `key:<name>`
     # for a pre-shared key, the context's subject (secureconversation), or `anonymous` (hmac.allow_anonymous).
-    identity_header: str | None = "x-wsgate-subject"
+    identity_header: str | None = Field(default="x-wsgate-subject", pattern=HEADER_NAME)
     secure_faults: bool = True  # sign/encrypt backend faults like other responses
 
     @property
@@ -290,8 +293,28 @@ class Route(Strict):
         )
 
 
+class Edge(Strict):
+    """Envoy's per-listener settings (both listeners), against slow and lying clients. At most one policy file
+    sets `edge:`; the defaults hold without it."""
+
+    # From the first byte of a request's headers to their end; a connection that dribbles headers is closed.
+    request_headers_timeout_s: float = Field(default=10, gt=0, le=300)
+    # From the first byte to the whole request received and processed (ext_proc included): bounds a slow body.
+    request_timeout_s: float = Field(default=60, gt=0, le=3600)
+    # No byte either way on a stream (also while the backend thinks: must exceed every route's upstream timeout).
+    stream_idle_timeout_s: float = Field(default=60, gt=0, le=3600)
+    # A connection with no request in flight (keep-alive, or opened and silent).
+    connection_idle_timeout_s: float = Field(default=60, gt=0, le=3600)
+    max_request_headers_kb: int = Field(default=60, ge=1, le=8192)  # request line and headers together
+    max_headers_count: int = Field(default=100, ge=1, le=1000)
+    # Proxies in front of the gateway whose x-forwarded-for/-proto are believed; 0: the client is the peer and
+    # every x-forwarded-* / forwarded header it sends is dropped, Envoy writes its own.
+    xff_num_trusted_hops: int = Field(default=0, ge=0, le=10)
+
+
 class PolicyFile(Strict):
     routes: Annotated[list[Route], Field(min_length=1)]
+    edge: Edge | None = None
 
 
 class PolicySet(Strict):
@@ -299,6 +322,7 @@ class PolicySet(Strict):
 
     routes: list[Route]
     sources: dict[str, str]  # route name -> file it came from
+    edge: Edge = Edge()
 
     def route(self, name: str) -> Route:
         for r in self.routes:
@@ -386,12 +410,17 @@ def load_dir(directory: Path | str) -> PolicySet:
     routes: list[Route] = []
     sources: dict[str, str] = {}
     errors: list[str] = []
+    edge, edge_source = Edge(), None
     for path in files:
         try:
             pf = load_file(path)
         except PolicyError as exc:
             errors.append(str(exc))
             continue
+        if pf.edge is not None:
+            if edge_source is not None:
+                errors.append(f"{path}: field edge: already set in {edge_source}")
+            edge, edge_source = pf.edge, str(path)
         for r in pf.routes:
             if r.name in sources:
                 errors.append(f"{path}: route {r.name}: field name: already defined in {sources[r.name]}")
@@ -400,10 +429,15 @@ def load_dir(directory: Path | str) -> PolicySet:
             routes.append(r)
     seen: dict[tuple[str, str | None], str] = {}
     for r in routes:
-        key = (r.match.path_prefix, r.match.soap_action)
+        key = (r.match.path_prefix.lower(), r.match.soap_action)  # Envoy matches prefixes ignoring case
         if key in seen:
             errors.append(f"{sources[r.name]}: route {r.name}: field match: same match as route {seen[key]}")
         seen[key] = r.name
+        if r.upstream.timeout_s >= edge.stream_idle_timeout_s:
+            errors.append(
+                f"{sources[r.name]}: route {r.name}: field upstream.timeout_s: {r.upstream.timeout_s:g} s is not below "
+                f"edge.stream_idle_timeout_s ({edge.stream_idle_timeout_s:g} s): the stream would idle out first"
+            )
     if errors:
         raise PolicyError("\n".join(errors))
-    return PolicySet(routes=routes, sources=sources)
+    return PolicySet(routes=routes, sources=sources, edge=edge)

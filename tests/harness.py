@@ -15,9 +15,10 @@ import yaml
 from gateway.supervisor import Gateway, Options, free_ports
 
 
-def write_policies(directory: Path, routes: list[dict]) -> Path:
+def write_policies(directory: Path, routes: list[dict], edge: dict | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "routes.yaml").write_text(yaml.safe_dump({"routes": routes}, sort_keys=False))
+    doc = {"routes": routes, **({"edge": edge} if edge else {})}
+    (directory / "routes.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return directory
 
 
@@ -29,15 +30,16 @@ def running_gateway(
     workers: int = 1,
     backend: bool = True,
     metrics: bool = False,
+    edge: dict | None = None,
     **options: object,
 ) -> Iterator[Gateway]:
-    """`routes` may use the placeholder BACKEND for the demo backend's address."""
+    """`routes` may use the placeholder BACKEND for the demo backend's address; `edge`: the policy's edge section."""
     opts = Options.on_free_ports(workers, policies=tmp / "policies", certs=pki, run_dir=tmp / "run", **options)
     if not metrics:
         opts.metrics_port = None
     backend_addr = opts.backend or ""
     routes = yaml.safe_load(yaml.safe_dump(routes).replace("BACKEND", backend_addr))
-    write_policies(opts.policies, routes)
+    write_policies(opts.policies, routes, edge)
     if not backend:
         opts.backend = None
     with Gateway(opts) as gw:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gateway import envoy_config
@@ -117,3 +119,74 @@ def test_render_cli_prints_all_files() -> None:
     assert run.returncode == 0, run.stderr
     for name in ("envoy.yaml", "lds.yaml", "cds.yaml"):
         assert f"# ---- {name}" in run.stdout
+
+
+def hcm_of(files: dict[str, str]) -> list[dict]:
+    lds = yaml.safe_load(files["lds.yaml"])
+    return [listener["filter_chains"][0]["filters"][0]["typed_config"] for listener in lds["resources"]]
+
+
+EDGE_POLICY = """
+edge:
+  request_headers_timeout_s: 2
+  request_timeout_s: 7.5
+  stream_idle_timeout_s: 40
+  connection_idle_timeout_s: 90
+  max_request_headers_kb: 32
+  max_headers_count: 50
+  xff_num_trusted_hops: 1
+routes:
+  - name: orders
+    match: {path_prefix: /orders/}
+    upstream: {address: "127.0.0.1:9000"}
+    profile: rsa
+    identity_header: x-orders-caller
+  - name: portal
+    match: {path_prefix: /portal/}
+    upstream: {address: "127.0.0.1:9000"}
+    profile: tls
+    tls: {subject_header: x-portal-peer}
+"""
+
+
+def test_edge_settings_come_from_the_policy_on_both_listeners(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(EDGE_POLICY)
+    for hcm in hcm_of(envoy_config.render(load_dir(tmp_path), TOPO)):
+        assert hcm["request_headers_timeout"] == "2s" and hcm["request_timeout"] == "7.5s"
+        assert hcm["stream_idle_timeout"] == "40s" and hcm["common_http_protocol_options"]["idle_timeout"] == "90s"
+        assert hcm["max_request_headers_kb"] == 32 and hcm["common_http_protocol_options"]["max_headers_count"] == 50
+        assert hcm["use_remote_address"] is True and hcm["xff_num_trusted_hops"] == 1
+        mutations = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
+        # A trusted proxy in front writes x-forwarded-*: kept. Identity headers never are.
+        assert {"remove_on_match": {"key_matcher": {"prefix": "x-forwarded-"}}} not in mutations
+        assert {"remove": "x-orders-caller"} in mutations and {"remove": "x-portal-peer"} in mutations
+
+
+def test_defaults_normalize_paths_and_strip_what_the_gateway_vouches_for() -> None:
+    for hcm in hcm_of(render_repo()):
+        assert (hcm["normalize_path"], hcm["merge_slashes"]) == (True, True)
+        assert hcm["path_with_escaped_slashes_action"] == "REJECT_REQUEST"
+        assert hcm["common_http_protocol_options"]["headers_with_underscores_action"] == "DROP_HEADER"
+        assert hcm["xff_num_trusted_hops"] == 0 and hcm["request_headers_timeout"] == "10s"
+        mutations = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
+        matchers = [m["remove_on_match"]["key_matcher"] for m in mutations if "remove_on_match" in m]
+        assert {m.get("prefix") for m in matchers} == {"x-wsgate-", "x-envoy-", "x-forwarded-", None}
+        odd = next(m["safe_regex"]["regex"] for m in matchers if "safe_regex" in m)
+        names = ["x.wsgate.subject", "x-wsgate~subject", "x-wsgate-subject.", "_", "x_y", ":path", "host", "x-ok-1"]
+        assert [n for n in names if re.fullmatch(odd, n)] == names[:5]
+        assert {m["remove"] for m in mutations if "remove" in m} == {"forwarded", "x-real-ip", "x-client-subject"}
+        first = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
+        assert first["name"] == "ambiguous-path" and first["direct_response"] == {"status": 400}
+        # ext_proc runs only where a route enables it: nothing before routing reaches a filter worker.
+        assert hcm["http_filters"][0]["disabled"] is True
+
+
+@pytest.mark.parametrize(
+    ("path", "refused"),
+    [("/xml/demo", False), ("/xml/%20%C3%A9/x", False), ("/xml/a;b", True), ("/xml/%3B", True), ("/xml/%25", True),
+     ("/xml/%3f", True), ("/xml/%23", True), ("/xml/%09", True), ("/xml/%7F", True), ("/xml/%c0%ae", True),
+     ("/xml/%E0%80%AE", True), ("/xml/%F0%80%80%AE", True), ("/xml/%zz", True), ("/xml/%a", True), ("/xml/%", True)],
+)  # fmt: skip
+def test_ambiguous_path_pattern(path: str, refused: bool) -> None:
+    """The pattern Envoy (RE2) applies to the normalized path; Python's re reads this subset the same way."""
+    assert bool(re.fullmatch(envoy_config.AMBIGUOUS_PATH, path)) is refused

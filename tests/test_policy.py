@@ -107,3 +107,50 @@ def test_wsgate_check_cli(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "ok  xml" in run.stdout
+
+
+EDGE = """
+edge:
+  request_timeout_s: 20
+"""
+
+
+def test_edge_defaults_hold_without_a_section(tmp_path: Path) -> None:
+    edge = load_dir(write(tmp_path, "a.yaml", GOOD)).edge
+    assert (edge.request_headers_timeout_s, edge.request_timeout_s, edge.xff_num_trusted_hops) == (10, 60, 0)
+
+
+def test_only_one_file_may_set_edge(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", GOOD + EDGE)
+    write(tmp_path, "b.yaml", GOOD.replace("orders", "billing") + EDGE)
+    with pytest.raises(PolicyError, match=r"b\.yaml: field edge: already set in .*a\.yaml"):
+        load_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("edge: {request_timeout_s: 0}", r"a\.yaml: field edge\.request_timeout_s: Input should be greater than 0"),
+        ("edge: {xff_hops: 1}", r"a\.yaml: field edge\.xff_hops: Extra inputs are not permitted"),
+        ("edge: {stream_idle_timeout_s: 30}",
+         r"a\.yaml: route orders: field upstream\.timeout_s: 30 s is not below edge\.stream_idle_timeout_s"),
+    ],
+)  # fmt: skip
+def test_edge_errors_name_the_file_and_field(tmp_path: Path, extra: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        load_dir(write(tmp_path, "a.yaml", GOOD + extra + "\n"))
+
+
+@pytest.mark.parametrize("name", ["x_wsgate_subject", "X-Caller", "x-caller "])
+def test_identity_headers_are_lowercase_without_underscores(tmp_path: Path, name: str) -> None:
+    """Envoy drops client headers with underscores and lowercases names: any other spelling could never be stripped
+    reliably nor set."""
+    with pytest.raises(PolicyError, match="field identity_header"):
+        load_dir(write(tmp_path, "a.yaml", GOOD + f"    identity_header: '{name}'\n"))
+
+
+def test_prefixes_that_differ_only_in_case_are_the_same_match(tmp_path: Path) -> None:
+    """Envoy matches prefixes ignoring case (a backend like IIS does too): /Orders/ and /orders/ would collide."""
+    other = GOOD.replace("name: orders", "name: billing").replace("/orders/", "/Orders/")
+    with pytest.raises(PolicyError, match="route billing: field match: same match as route orders"):
+        load_dir(write(write(tmp_path, "a.yaml", GOOD), "b.yaml", other))
