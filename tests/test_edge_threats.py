@@ -46,7 +46,7 @@ def _routes(pki: Path) -> list[dict]:
         route_doc(pki, "rsa", name="rsa"),
         route_doc(pki, "hmac", name="hmac"),
         route_doc(pki, "hmac", name="username", signature={"parts": ["body", "timestamp", "username_token"]},
-                  username_token={"required": True, "users_file": str(pki / "users.yaml")}),
+                  username_token={"required": True, "users_file": str(pki / "users.yaml"), "protection": "encrypted"}),
         route_doc(pki, "secureconversation", name="sc", encryption={"encrypt_response": True},
                   secureconversation={"store": "sealed", "master_keys_file": str(pki / "sct-master-keys.yaml")}),
     ]  # fmt: skip
@@ -257,7 +257,7 @@ def _request_for(profile: str, pki: Path) -> bytes:
     ("route", "tls", "identity"),
     [("plain", False, {}), ("plain", True, {}), ("xml", False, {}), ("xml", True, {}), ("tls", True, {}),
      ("mtls", True, {"x-client-subject": "Demo Client"}), ("rsa", False, {"x-wsgate-subject": SUBJECT}),
-     ("rsa", True, {"x-wsgate-subject": SUBJECT}), ("hmac", False, {})],
+     ("rsa", True, {"x-wsgate-subject": SUBJECT}), ("hmac", False, {"x-wsgate-subject": "anonymous"})],
 )  # fmt: skip
 def test_identity_and_forwarding_headers_from_the_client_never_reach_the_backend(
     gw: Gateway, pki: Path, route: str, tls: bool, identity: dict[str, str]
