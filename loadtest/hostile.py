@@ -95,7 +95,7 @@ def routes(certs: Path) -> dict[str, Route]:
     hmac = Route.model_validate({
         "name": "hmac", "match": {"path_prefix": "/hmac/"}, "upstream": {"address": "127.0.0.1:1"}, "profile": "hmac",
         "signature": {"algorithms": ["hmac-sha256"], "digests": ["sha256"], "parts": ["body", "timestamp"]},
-        "hmac": {"keys_file": str(certs / "hmac-keys.yaml"), "allow_encrypted_key": True,
+        "hmac": {"keys_file": str(certs / "hmac-keys.yaml"), "allow_anonymous": True,
                  "decryption_key": str(certs / "gateway-enc.key")},
         "replay": {"store": "memory"},
     })  # fmt: skip
