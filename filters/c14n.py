@@ -79,14 +79,19 @@ def _marked(alone: etree._Element, form: bytes, prefixes: Sequence[str]) -> byte
     """The exclusive canonical form of `alone` (parsed from `form`, so it declares every namespace in scope)
     with the PrefixList `prefixes`, by the marker attributes (module docstring); None where that does not apply."""
     in_scope = alone.nsmap
-    listed = [p for p in dict.fromkeys(prefixes) if p in in_scope and p != "xml"]  # the others render nothing
     uris = list(in_scope.values())
-    for prefix in listed:
-        uri = in_scope[prefix]
-        # The marker must carry this very prefix (lxml picks the prefix by namespace), and `xmlns:p="` occurs
-        # once in `form` (on the apex) unless an element below rebinds p (or text quotes it: the slow way then).
-        if uris.count(uri) != 1 or form.count(f"xmlns:{prefix}=".encode()) != 1 or alone.get(_mark(uri)) is not None:
+    listed = []
+    for prefix in dict.fromkeys(prefixes):
+        # `xmlns:p="` occurs once in `form` (on the apex) for a prefix in scope, never for one that is not, unless
+        # an element below binds it (or text quotes it): the slow way then. A prefix bound nowhere renders nothing.
+        declared = form.count(f"xmlns:{prefix}=".encode())
+        if prefix == "xml" or declared == 0:
+            continue
+        uri = in_scope.get(prefix)
+        # The marker must carry this very prefix: lxml picks the prefix by namespace.
+        if uri is None or declared != 1 or uris.count(uri) != 1 or alone.get(_mark(uri)) is not None:
             return None
+        listed.append(prefix)
     for prefix in listed:
         alone.set(_mark(in_scope[prefix]), "")
     out = etree.tostring(alone, method="c14n", exclusive=True, with_comments=False)
