@@ -299,6 +299,11 @@ def _exclusive_prefixes(el: etree._Element) -> list[str] | None:
     return prefixes if c14n.direct(prefixes) else None
 
 
+def _prefix_list(ref: etree._Element) -> list[str]:
+    """Every prefix the PrefixLists of a checked ds:Reference's transforms name."""
+    return [p for inclusive in ref.iter(INCLUSIVE_NAMESPACES) for p in (inclusive.get("PrefixList") or "").split()]
+
+
 def _direct_reference(ref: etree._Element) -> tuple[list[str], str, bytes] | None:
     """(PrefixList, digest name, DigestValue) of a checked ds:Reference whose only transform is exclusive C14N;
     None for any other shape (left to xmlsec)."""
@@ -388,6 +393,11 @@ def verify(
         direct = _verify_direct(sig, elements, security, xkey, method, value, optimizations)
         if direct:
             return Verified(elements=elements, signature_value=value, algorithm=algorithm)
+    # xmlsec canonicalizes each reference through a node set, per element and PrefixList prefix: bounded first.
+    for el, ref in zip(elements, _children(_children(sig)[0])[2:], strict=True):
+        prefixes = _prefix_list(ref)
+        if prefixes:
+            c14n.check_affordable(c14n.received_form(el), prefixes)
     ctx = _context(xkey, method, [DIGEST_METHODS[d] for d in policy.digests])
     for el, ref_id in zip(elements, ids, strict=True):
         _register(ctx, el, ref_id)

@@ -82,7 +82,21 @@ SHAPES: dict[str, Shape] = {
         _declarations(20),
         "".join(_nested(58, lambda i: "<d:n>", "") for _ in range(size // 700)),
     ),
+    "30 prefixes on the Envelope, each element using another": lambda size: (
+        _declarations(30),
+        "".join(f"<p{i % 30}:n/>" for i in range(size // 8)),
+    ),
+    "the same as deep with 20 namespaces, a listed prefix rebound below": lambda size: (
+        _declarations(20),
+        "".join(_nested(58, lambda i: "<d:n>", "") for _ in range(size // 700)) + '<d:r xmlns:p0="urn:other"/>',
+    ),
+    "the same as deep with 20 namespaces, Body changed after signing": lambda size: (
+        _declarations(20),
+        "".join(_nested(58, lambda i: "<d:n>", "") for _ in range(size // 700)),
+    ),
 }
+# Shapes whose Body is changed after signing: the direct digest fails and xmlsec's verification runs.
+TAMPERED = {"the same as deep with 20 namespaces, Body changed after signing"}
 
 
 def envelope(shape: str, size: int) -> bytes:
@@ -142,6 +156,8 @@ def rows(certs: Path, size: int, count: int) -> list[tuple[str, str, int, float,
         exchange(pipeline, secure(envelope("plain", 1000)))  # warm-up
         for shape in SHAPES:
             messages = [secure(envelope(shape, size)) for _ in range(count)]
+            if shape in TAMPERED:
+                messages = [m.replace(b"</d:echo>", b"<d:x/></d:echo>") for m in messages]
             length = len(messages[0])
             plain = [secure(envelope("plain", length - (len(envelope("plain", 0)) - 96))) for _ in range(count)]
             plain_cpu, _ = measure(pipeline, plain)
