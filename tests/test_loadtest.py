@@ -61,7 +61,7 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     for heading in ("Throughput at saturation", "Latency at a fixed moderate rate", "Gateway CPU per request",
                     "Where the filter's time goes", "The ext_proc hop at the paced rate", "Targets"):  # fmt: skip
         assert heading in text
-    assert "hmac throughput, 1 KB" in text
+    assert "gateway CPU on hmac, 1 KB" in text and re.search(r"gateway CPU on sc vs hmac, 1 KB +not measured", text)
     # The gateway CPU per request relative to none is printed (here without none: "-"); then the engine in process.
     assert "Gateway CPU per request at saturation, us: Envoy + filter workers = total (relative to none)" in text
     assert re.search(r"\nhmac\s+[\d,]+ vs 437 \([\d.]+x\)", text.split("The engine's CPU per exchange")[1]), text
