@@ -10,7 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import redis
+import requests
 import yaml
+from lxml import etree
 
 from gateway.supervisor import Gateway, Options, free_ports
 
@@ -45,6 +47,21 @@ def running_gateway(
     with Gateway(opts) as gw:
         gw.backend_addr = backend_addr  # type: ignore[attr-defined]
         yield gw
+
+
+def received(gw: Gateway) -> list[dict]:
+    """What the demo backend received (method, path, headers, body) since the last `clear`."""
+    return requests.get(f"http://{gw.backend_addr}/_received", timeout=5).json()  # type: ignore[attr-defined]
+
+
+def clear(gw: Gateway) -> None:
+    requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)  # type: ignore[attr-defined]
+
+
+def fault_code(resp: requests.Response) -> str:
+    """The fault's code local name: a SOAP 1.1 faultcode or the SOAP 1.2 Subcode (e.g. FailedCheck)."""
+    root = etree.fromstring(resp.content)
+    return (root.findtext(".//faultcode") or root.findtext(".//{*}Subcode/{*}Value") or "").split(":")[-1]
 
 
 def envelope(body_xml: str, version: str = "1.1", header_xml: str = "") -> bytes:

@@ -28,7 +28,7 @@ from lxml import etree
 from filters import secure_conversation as sc
 from gateway.client import Client, ClientConfig
 from gateway.supervisor import Gateway
-from tests.harness import envelope, running_gateway
+from tests.harness import clear, envelope, received, running_gateway
 from tests.wss_helpers import DEMO, echo, make_route, route_doc
 
 BODY = echo("probe")
@@ -99,14 +99,6 @@ def _read_response(sock: socket.socket) -> tuple[int, bytes]:
     while not done(rest) and (chunk := sock.recv(65536)):
         rest += chunk
     return int(head.split(b" ", 2)[1]), rest
-
-
-def received(gw: Gateway) -> list[dict]:
-    return requests.get(f"http://{gw.backend_addr}/_received", timeout=5).json()  # type: ignore[attr-defined]
-
-
-def clear(gw: Gateway) -> None:
-    requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)  # type: ignore[attr-defined]
 
 
 def backend_view(path: str) -> str:

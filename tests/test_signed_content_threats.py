@@ -23,7 +23,7 @@ from lxml import etree
 from filters import ns, username_token, wssecurity
 from gateway.client import Client, ClientConfig, Pending, content_type, http_post
 from gateway.policy import Route
-from tests.harness import envelope, running_gateway
+from tests.harness import clear, envelope, fault_code, received, running_gateway
 from tests.wss_helpers import DEMO, echo, route_doc
 
 CERT_SUBJECT = "CN=Demo Client,O=WSGate Demo"
@@ -68,19 +68,6 @@ def client(gw, pki: Path, name: str, **cfg: object) -> Client:
 def send(gw, name: str, body: bytes, version: str = "1.1", **headers: str) -> requests.Response:
     return requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=body, timeout=10,
                          headers={"content-type": content_type(version), **headers})  # fmt: skip
-
-
-def received(gw) -> list[dict]:
-    return requests.get(f"http://{gw.backend_addr}/_received", timeout=5).json()
-
-
-def clear(gw) -> None:
-    requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)
-
-
-def fault_code(resp: requests.Response) -> str:
-    root = etree.fromstring(resp.content)
-    return (root.findtext(".//faultcode") or root.findtext(".//{*}Subcode/{*}Value") or "").split(":")[-1]
 
 
 def refused(resp: requests.Response, *codes: str) -> None:

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from lxml import etree
 
 from filters import faults
 from gateway.client import Client, ClientConfig, ClientError, content_type
 from gateway.policy import Route
-from tests.harness import running_gateway
+from tests.harness import clear, fault_code, received, running_gateway
 from tests.wss_helpers import DEMO, echo, route_doc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,19 +66,6 @@ def _routes(gw) -> list[dict]:
 def send(gw, name: str, body: bytes, version: str = "1.1") -> requests.Response:
     return requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=body,
                          headers={"content-type": content_type(version)}, timeout=10)  # fmt: skip
-
-
-def received(gw) -> list[dict]:
-    return requests.get(f"http://{gw.backend_addr}/_received", timeout=5).json()
-
-
-def clear(gw) -> None:
-    requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)
-
-
-def fault_code(resp: requests.Response) -> str:
-    root = etree.fromstring(resp.content)
-    return (root.findtext(".//faultcode") or root.findtext(".//{*}Subcode/{*}Value") or "").split(":")[-1]
 
 
 CASES = [
