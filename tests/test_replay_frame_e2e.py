@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from gateway.client import Client, ClientConfig
+from gateway.client import Client, ClientConfig, http_post
 from tests.harness import running_gateway
 from tests.test_wssecurity_e2e import clear, fault_code, received, route_of, send
 from tests.wss_helpers import echo, route_doc
@@ -25,7 +25,10 @@ def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
     routes = [
         route_doc(pki, "hmac", name="hmac", replay={"store": "auto"}),
         {"name": "xml", "match": {"path_prefix": "/xml/"}, "profile": "xml", "upstream": {"address": "BACKEND"}},
-    ]
+        route_doc(pki, "secureconversation", name="sc", replay={"store": "auto"},
+                  secureconversation={"store": "memory", "max_contexts": 2,
+                                      "master_keys_file": str(pki / "sct-master-keys.yaml")}),
+    ]  # fmt: skip
     with running_gateway(tmp_path_factory.mktemp("replayframe"), routes, pki, workers=1, metrics=True) as g:
         assert g.redis is not None
         yield g
@@ -82,3 +85,29 @@ def test_a_stalled_replay_store_does_not_stall_the_workers_other_exchanges(gw, p
     assert fault_code(answers[0]) != "InvalidSecurity"  # a server fault, not a replay
     assert [r["path"] for r in received(gw)] == ["/xml/demo"]
     assert send(gw, "hmac", client.secure(echo("after"))[0]).status_code == 200  # Redis answers again: used again
+
+
+def test_a_replayed_issue_request_is_refused_before_it_takes_a_context(gw, pki: Path) -> None:
+    # Issue and Cancel change the context store: their keys are set before the answer, not after (a replayed
+    # Issue would otherwise fill the store with contexts nobody can use).
+    post = http_post(f"http://127.0.0.1:{gw.opts.http_port}/sc/demo")
+    issues: list[tuple[bytes, str]] = []
+
+    def capturing(body: bytes, ctype: str) -> bytes:
+        issues.append((body, ctype))
+        return post(body, ctype)
+
+    client = Client(route_of(gw, "sc"), ClientConfig(certs=pki))
+    client.establish(capturing)  # the store's first context of two
+    issue, ctype = issues[0]
+    for _ in range(3):
+        resp = requests.post(f"http://127.0.0.1:{gw.opts.http_port}/sc/demo", data=issue,
+                             headers={"content-type": ctype}, timeout=10)  # fmt: skip
+        assert (resp.status_code, fault_code(resp)) == (500, "InvalidSecurity")
+    Client(route_of(gw, "sc"), ClientConfig(certs=pki)).establish(post)  # room left for a second context
+    clear(gw)
+    secured, _ = client.secure(echo("in context"))
+    assert send(gw, "sc", secured).status_code == 200
+    resp = send(gw, "sc", secured)  # a message signed with the context's derived key, replayed
+    assert (resp.status_code, fault_code(resp)) == (500, "InvalidSecurity")
+    assert len(received(gw)) == 1
