@@ -209,6 +209,14 @@ class FrameCollector:
         for reason, n in c["refusals"]:
             refusals.add_metric([reason], n)
         yield refusals
+        checks = CounterMetricFamily(
+            "wsgate_frame_replay_checks",
+            "Replay checks the frame made for the engine (Redis stores): every key new, one seen before, no answer",
+            labels=["outcome"],
+        )
+        for outcome, n in c["replay_checks"]:
+            checks.add_metric([outcome], n)
+        yield checks
 
 
 def serve(

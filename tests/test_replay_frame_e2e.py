@@ -50,12 +50,14 @@ def test_a_forged_copy_sent_first_does_not_burn_the_originals_replay_key(gw, pki
     assert forged != original
     clear(gw)
     replays = _metric(gw, "wsgate_replays_total", route="hmac")
+    checks = _metric(gw, "wsgate_frame_replay_checks_total", outcome="replayed")
     assert fault_code(send(gw, "hmac", forged)) == "FailedCheck"
     assert send(gw, "hmac", original).status_code == 200  # its key was not set by the forgery
     resp = send(gw, "hmac", original)  # the frame's SET NX finds the key: refused as the engine refused replays
     assert (resp.status_code, fault_code(resp)) == (500, "InvalidSecurity")
     assert [b"pay 10" in r["body"].encode() for r in received(gw)] == [True]
     assert _metric(gw, "wsgate_replays_total", route="hmac") == replays + 1
+    assert _metric(gw, "wsgate_frame_replay_checks_total", outcome="replayed") == checks + 1
     assert _metric(gw, "wsgate_faults_total", route="hmac", reason="InvalidSecurity") >= 1
 
 
@@ -66,6 +68,7 @@ def test_a_stalled_replay_store_does_not_stall_the_workers_other_exchanges(gw, p
     xml = echo("no security here")
     clear(gw)
     answers: list[requests.Response] = []
+    unanswered = _metric(gw, "wsgate_frame_replay_checks_total", outcome="unavailable")
     os.kill(gw.redis.pid, signal.SIGSTOP)
     try:
         waiting = threading.Thread(target=lambda: answers.append(send(gw, "hmac", stalled)))
@@ -84,6 +87,7 @@ def test_a_stalled_replay_store_does_not_stall_the_workers_other_exchanges(gw, p
     assert [r.status_code for r in answers] == [500]  # unchecked: refused, never passed on (fail closed)
     assert fault_code(answers[0]) != "InvalidSecurity"  # a server fault, not a replay
     assert [r["path"] for r in received(gw)] == ["/xml/demo"]
+    assert _metric(gw, "wsgate_frame_replay_checks_total", outcome="unavailable") == unanswered + 1
     assert send(gw, "hmac", client.secure(echo("after"))[0]).status_code == 200  # Redis answers again: used again
 
 

@@ -123,6 +123,7 @@ fn read_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("body_budget_bytes", BUDGET.limit())?;
     d.set_item("phases", counters::phases())?;
     d.set_item("refusals", counters::refusals())?;
+    d.set_item("replay_checks", counters::sights())?;
     Ok(d)
 }
 

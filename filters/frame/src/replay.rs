@@ -23,6 +23,17 @@ pub enum Sight {
     Unavailable(String), // why Redis could not tell (never the URL: it may carry a password)
 }
 
+impl Sight {
+    /// Its index in counters::SIGHTS.
+    pub fn counter(&self) -> usize {
+        match self {
+            Sight::First => 0,
+            Sight::Replayed(_) => 1,
+            Sight::Unavailable(_) => 2,
+        }
+    }
+}
+
 /// One multiplexed connection per Redis URL, opened on first use and dropped after any failure, so that a
 /// Redis that came back is reached again by the next exchange. Commands are never retried: a SET NX retried
 /// after a lost reply would report its own first attempt as a replay.

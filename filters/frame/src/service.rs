@@ -223,7 +223,9 @@ impl Exchange {
     /// that cannot answer turns the answer into the engine's refusal (`worker.replay_refused`).
     async fn settle(&mut self, check: Check) -> Step {
         let (url, keys) = &check.keys;
-        let (index, detail) = match self.shared.replay.first_sight(url, keys).await {
+        let sight = self.shared.replay.first_sight(url, keys).await;
+        counters::sight(sight.counter());
+        let (index, detail) = match sight {
             Sight::First => return answer_with(check.request, check.answer),
             Sight::Replayed(i) => (i as i64, String::new()),
             Sight::Unavailable(detail) => (-1, detail),
