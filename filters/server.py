@@ -79,8 +79,9 @@ class Pending:
 
 
 class Worker:
-    """What the frame calls back: `handle` per body phase, `refused` per refusal of its own, `reload` on SIGHUP,
-    `ready` once it listens. Everything runs on the worker's one thread, one call at a time."""
+    """What the frame calls back: `handle` per body phase, `refused` per refusal of its own, `replay_refused` when
+    its replay check refuses, `reload` on SIGHUP, `ready` once it listens. Everything runs on the worker's one
+    thread, one call at a time."""
 
     def __init__(self, policies_dir: Path, budget_bytes: int, ready_file: Path | None = None) -> None:
         self.policies_dir = policies_dir
