@@ -17,19 +17,20 @@ from gateway.policy import PolicySet, Route
 __all__ = ["Engine", "Exchange", "Outcome", "RoutePipeline", "build_pipeline", "fault_soap_version"]
 
 
-def build_pipeline(route: Route) -> RoutePipeline:
+def build_pipeline(route: Route, defer_replay: bool = False) -> RoutePipeline:
+    """`defer_replay`: a Redis replay store is not called; the keys go out with the verdict (Outcome.replay)."""
     if route.profile == "xml":
         return RoutePipeline(route)
     if route.profile == "secureconversation":
-        return SecureConversationPipeline(route)
-    return SecuredPipeline(route)
+        return SecureConversationPipeline(route, defer_replay)
+    return SecuredPipeline(route, defer_replay)
 
 
 class Engine:
     """All routes' pipelines; rebuilt as a whole when policies change (old exchanges keep the old one)."""
 
-    def __init__(self, policies: PolicySet) -> None:
-        self.pipelines = {r.name: build_pipeline(r) for r in policies.routes if r.touches_xml}
+    def __init__(self, policies: PolicySet, defer_replay: bool = False) -> None:
+        self.pipelines = {r.name: build_pipeline(r, defer_replay) for r in policies.routes if r.touches_xml}
 
     def pipeline(self, route_name: str) -> RoutePipeline:
         try:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from filters import charset, faults, metrics
+from filters.replay import DeferredKey
 from filters.soap import Envelope
 from filters.threat_protection import parse_envelope
 from gateway.policy import Route
@@ -26,6 +27,8 @@ class Outcome:
     body: bytes | None  # None: pass the body on unchanged
     set_headers: dict[str, str] = field(default_factory=dict)
     answer: bool = False  # the gateway answers this request itself with `body` (e.g. WS-Trust); no backend
+    # Replay keys the caller must set before it answers (a deferred replay store): all new, or the key's fault.
+    replay: list[DeferredKey] = field(default_factory=list)
 
 
 def forward(env: Envelope, received_type: str | None, body: bytes | None = None, **headers: str) -> Outcome:

@@ -39,8 +39,11 @@ def _shared_store_url(route: Route) -> str | None:
     return url
 
 
-def replay_store(route: Route) -> replay.ReplayCache:
+def replay_store(route: Route, deferred: bool = False) -> replay.ReplayCache | replay.DeferredRedisReplay:
+    """`deferred`: Redis is left to the caller (the frame), except rediss:// (the frame speaks no TLS to Redis)."""
     url = _shared_store_url(route)
+    if url and deferred and url.startswith(("redis://", "unix://")):
+        return _deferred_store(url)
     return _redis_store(url) if url else _memory_store(route.replay.max_entries)
 
 
@@ -69,6 +72,11 @@ def _redis_store(url: str) -> replay.ReplayCache:
     return replay.RedisReplayCache(url)
 
 
+@cache
+def _deferred_store(url: str) -> replay.DeferredRedisReplay:
+    return replay.DeferredRedisReplay(url)
+
+
 # What secures a message: the signature, the encryption, tokens to put first in the header.
 ResponseSecurity = tuple[wssecurity.SignWith | None, wssecurity.EncryptFor | None, tuple[etree._Element, ...]]
 
@@ -77,7 +85,7 @@ class SecuredPipeline(RoutePipeline):
     """Inbound: threat protection, then the Security header in the sender's order, then plain SOAP out.
     Outbound: the mirror image, the response signed (and encrypted) for the requester."""
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, route: Route, defer_replay: bool = False) -> None:
         super().__init__(route)
         self.requirements = wssecurity.Requirements(
             timestamp=route.timestamp,
@@ -94,7 +102,7 @@ class SecuredPipeline(RoutePipeline):
             users=Users.load(route.username_token.users_file, throttle=failure_throttle(route))
             if route.username_token.users_file
             else None,
-            replay=replay_store(route),
+            replay=replay_store(route, defer_replay),
             optimizations=self.optimizations,
         )
         x509 = route.profile != "hmac"
@@ -134,7 +142,9 @@ class SecuredPipeline(RoutePipeline):
         ex.security = verified
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
         with metrics.stage(route, "serialize"):
-            return forward(env, headers.get("content-type"), env.serialize(), **out_headers)
+            out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
+        out.replay = verified.replay_keys
+        return out
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
         route = self.route
@@ -194,8 +204,8 @@ class SecureConversationPipeline(SecuredPipeline):
     The Issue request is checked like an `rsa` request (X.509 signature from a trusted client). Contexts live
     where the route says: sealed into the token (no gateway memory), in memory (bounded), or in Redis."""
 
-    def __init__(self, route: Route) -> None:
-        super().__init__(route)
+    def __init__(self, route: Route, defer_replay: bool = False) -> None:
+        super().__init__(route, defer_replay)
         self.store = sc.make_store(route.secureconversation, os.environ.get(REDIS_URL_ENV))
         self.in_context = replace(self.requirements, signer="context")
         self.context_credentials = replace(
@@ -218,6 +228,9 @@ class SecureConversationPipeline(SecuredPipeline):
         check_structure(env.root)
         rst = sc.find_rst(env)
         if rst is not None:
+            # Issue and Cancel change the context store: their replay keys are settled first, here (rare messages).
+            if isinstance(self.credentials.replay, replay.DeferredRedisReplay):
+                self.credentials.replay.settle(verified.replay_keys)
             return self._answer(sc.parse_rst(rst), env, verified, headers, now)
         if verified.context is None:
             raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")

@@ -11,8 +11,8 @@ import hashlib
 import heapq
 import math
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,6 +30,24 @@ def _digest(key: bytes) -> bytes:
 def _check_ttl(ttl_s: float) -> None:
     if not ttl_s > 0:  # also refuses NaN
         raise ValueError(f"replay TTL must be positive, got {ttl_s}")
+
+
+def _redis_entry(prefix: bytes, key: bytes, ttl_s: float) -> tuple[bytes, int]:
+    """The Redis key name and its TTL in milliseconds, as every store that shares Redis spells them."""
+    _check_ttl(ttl_s)
+    return prefix + _digest(key).hex().encode(), max(1, math.ceil(ttl_s * 1000))
+
+
+def _redis_client(url: str, timeout_s: float) -> redis.Redis:
+    # Short timeouts and no retries: a hung Redis turns into a prompt refusal instead of stalled requests,
+    # and a SET NX retried after a lost reply would report its own first attempt as a replay.
+    return redis.Redis.from_url(
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
+
+
+def _unavailable(exc: redis.RedisError) -> faults.Fault:
+    return faults.server(f"replay store unavailable: {type(exc).__name__}: {exc}")
 
 
 class ReplayCache(Protocol):
@@ -83,24 +101,77 @@ class RedisReplayCache:
 
     def __init__(self, url: str, prefix: str = "wsgate:replay:", timeout_s: float = 1.0) -> None:
         self.prefix = prefix.encode()
-        # Short timeouts and no retries: a hung Redis turns into a prompt refusal instead of stalled requests,
-        # and a SET NX retried after a lost reply would report its own first attempt as a replay.
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
-        )
+        self._client = _redis_client(url, timeout_s)
 
     @metrics.timed("replay")
     def seen(self, key: bytes, ttl_s: float) -> bool:
-        _check_ttl(ttl_s)
-        name = self.prefix + _digest(key).hex().encode()
+        name, px = _redis_entry(self.prefix, key, ttl_s)
         try:
-            created = self._client.set(name, b"1", nx=True, px=max(1, math.ceil(ttl_s * 1000)))
+            created = self._client.set(name, b"1", nx=True, px=px)
         except redis.RedisError as exc:
-            raise faults.server(f"replay store unavailable: {type(exc).__name__}: {exc}") from None
+            raise _unavailable(exc) from None
         return not created
 
     def close(self) -> None:
         self._client.close()
+
+
+class DeferredKey(NamedTuple):
+    """A key a message must be the first to set, and the refusal if it is not."""
+
+    name: bytes  # the Redis key
+    px: int  # its TTL in milliseconds
+    fault: faults.Fault
+
+
+class DeferredRedisReplay:
+    """The Redis store, checked after the engine's verdict instead of during it: the engine only collects the keys
+    of a verified message (`key`); whoever answers the request sets them all before it passes the message on. The
+    filter worker's frame does it in one pipelined round trip off the Python thread (filters/frame/src/replay.rs),
+    so no other exchange waits on Redis; `settle` is the same check done here. Same key names and TTLs as
+    RedisReplayCache: every worker shares one view."""
+
+    def __init__(self, url: str, prefix: str = "wsgate:replay:", timeout_s: float = 1.0) -> None:
+        self.url = url
+        self.prefix = prefix.encode()
+        self._timeout_s = timeout_s
+        self._client: redis.Redis | None = None  # for `settle` only, opened on first use
+
+    def key(self, key: bytes, ttl_s: float, fault: faults.Fault) -> DeferredKey:
+        return DeferredKey(*_redis_entry(self.prefix, key, ttl_s), fault)
+
+    @metrics.timed("replay")
+    def settle(self, keys: Sequence[DeferredKey]) -> None:
+        """Set every key (SET NX PX, one round trip); raise the fault of the first that was already set."""
+        if not keys:
+            return
+        if self._client is None:
+            self._client = _redis_client(self.url, self._timeout_s)
+        pipe = self._client.pipeline(transaction=False)
+        for k in keys:
+            pipe.set(k.name, b"1", nx=True, px=k.px)
+        try:
+            created = pipe.execute()
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from None
+        for k, ok in zip(keys, created, strict=True):
+            if not ok:
+                raise k.fault
+
+
+def first_sight(
+    store: ReplayCache | DeferredRedisReplay | None,
+    key: bytes,
+    ttl_s: float,
+    replayed: faults.Fault,
+    deferred: list[DeferredKey],
+) -> None:
+    """Refuse a message whose verified key was seen before: now, or for a deferred store once the verdict is in
+    (the key joins `deferred`, which goes out with the verdict; a refused message sets none of its keys)."""
+    if isinstance(store, DeferredRedisReplay):
+        deferred.append(store.key(key, ttl_s, replayed))
+    elif store is not None and store.seen(key, ttl_s):
+        raise replayed
 
 
 def from_url(url: str | None, max_entries: int) -> ReplayCache:

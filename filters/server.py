@@ -4,7 +4,9 @@ The frame (filters/frame, the `wsgate_frame` module: Rust, tonic, tokio) answers
 route table given here at start and on reload: 405 for other methods, 411 without a body, 413 (502 for a backend
 response) for a declared length over the route's limit, the removal of the headers the gateway vouches for, and
 the body budget (503, busy). Each body phase is one call, `Worker.handle`: bytes and headers in; status, body,
-headers out. The engine knows nothing of gRPC; this module knows nothing of XML. One process per core (`wsgate
+headers and the replay keys out: a route whose replay store is Redis has the frame set those keys (SET NX, one
+pipelined round trip, off this thread) before it answers; `replay_refused` gives the fault when one was there.
+The engine knows nothing of gRPC; this module knows nothing of XML. One process per core (`wsgate
 up` starts them); Envoy balances over them."""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import wsgate_frame
@@ -21,6 +23,8 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 
 from filters import faults, metrics
 from filters.engine import Engine, Exchange, RoutePipeline, fault_soap_version
+from filters.profiles import SecuredPipeline
+from filters.replay import DeferredKey, DeferredRedisReplay
 from filters.xmlsupport import check_libxml2
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, MAX_BODY_BYTES, PolicyError, check_body_budget, load_dir
 
@@ -47,9 +51,11 @@ REFUSALS: dict[str, faults.Fault] = {
 
 # The frame's table: {route: (max request body, max response body, identity header)}, {refusal: rendered fault}.
 Table = tuple[dict[str, tuple[int, int, str | None]], dict[str, tuple[int, str, bytes, str, bytes]]]
+# The replay keys the frame sets before it answers: the store's Redis URL, [(Redis key, TTL in ms)].
+ReplayCheck = tuple[str, list[tuple[bytes, int]]]
 # What a body phase answers: (0: pass on | an HTTP status to answer with, body or None: unchanged, headers to set,
-# the exchange for the response phase).
-Answer = tuple[int, bytes | None, list[tuple[str, str]], "Pending"]
+# the exchange for the response phase, the replay check or None).
+Answer = tuple[int, bytes | None, list[tuple[str, str]], "Pending", ReplayCheck | None]
 
 
 def _rendered(fault: faults.Fault) -> tuple[int, str, bytes, str, bytes]:
@@ -69,11 +75,13 @@ class Pending:
     pipeline: RoutePipeline | None = None  # in-flight exchanges keep the pipeline they started with
     exchange: Exchange | None = None
     label: tuple[str, str] = ("?", "?")
+    replay: list[DeferredKey] = field(default_factory=list)  # the keys the frame sets, with their refusals
 
 
 class Worker:
-    """What the frame calls back: `handle` per body phase, `refused` per refusal of its own, `reload` on SIGHUP,
-    `ready` once it listens. Everything runs on the worker's one thread, one call at a time."""
+    """What the frame calls back: `handle` per body phase, `refused` per refusal of its own, `replay_refused` when
+    its replay check refuses, `reload` on SIGHUP, `ready` once it listens. Everything runs on the worker's one
+    thread, one call at a time."""
 
     def __init__(self, policies_dir: Path, budget_bytes: int, ready_file: Path | None = None) -> None:
         self.policies_dir = policies_dir
@@ -82,7 +90,7 @@ class Worker:
         self.engine = self._load()
 
     def _load(self) -> Engine:
-        return Engine(check_body_budget(load_dir(self.policies_dir), self.budget_bytes))
+        return Engine(check_body_budget(load_dir(self.policies_dir), self.budget_bytes), defer_replay=True)
 
     def table(self) -> Table:
         routes = {
@@ -136,6 +144,10 @@ class Worker:
                 out = p.pipeline.request(body, p.headers, p.exchange)
             else:
                 out = p.pipeline.response(body, p.exchange)
+            check = None
+            if out.replay:
+                p.replay = out.replay
+                check = (_replay_url(p.pipeline), [(k.name, k.px) for k in out.replay])
             metrics.REQUESTS.labels(*p.label, phase, "ok").inc()
         except faults.Fault as fault:
             self._count(fault, p.label, phase, route_name)
@@ -146,13 +158,31 @@ class Worker:
             return self._fault(REFUSALS["internal"], p)
         if out.answer:
             assert out.body is not None
-            return 200, out.body, [("content-type", faults.content_type(fault_soap_version(p.exchange, {})))], p
-        return 0, out.body, list(out.set_headers.items()), p
+            return 200, out.body, [("content-type", faults.content_type(fault_soap_version(p.exchange, {})))], p, check
+        return 0, out.body, list(out.set_headers.items()), p, check
+
+    def replay_refused(self, route_name: str, pending: Pending, index: int, detail: str) -> Answer:
+        """The frame found `pending.replay[index]` already set (a replay), or could not ask Redis (index -1, fail
+        closed): the refusal, counted and logged as the engine's own."""
+        if 0 <= index < len(pending.replay):
+            fault = pending.replay[index].fault
+        else:
+            fault = faults.server(f"replay store unavailable: {detail}")
+        pending.replay = []
+        self._count(fault, pending.label, "request", route_name)
+        return self._fault(fault, pending)
 
     @staticmethod
     def _fault(fault: faults.Fault, p: Pending) -> Answer:
         version = fault_soap_version(p.exchange, p.headers)
-        return fault.http_status, faults.render(fault, version), [("content-type", faults.content_type(version))], p
+        headers = [("content-type", faults.content_type(version))]
+        return fault.http_status, faults.render(fault, version), headers, p, None
+
+
+def _replay_url(pipeline: RoutePipeline) -> str:
+    """Only a deferred store's keys come out of the engine: any other pipeline here is a bug (an internal fault)."""
+    assert isinstance(pipeline, SecuredPipeline) and isinstance(pipeline.credentials.replay, DeferredRedisReplay)
+    return pipeline.credentials.replay.url
 
 
 class FrameCollector:
@@ -180,6 +210,14 @@ class FrameCollector:
         for reason, n in c["refusals"]:
             refusals.add_metric([reason], n)
         yield refusals
+        checks = CounterMetricFamily(
+            "wsgate_frame_replay_checks",
+            "Replay checks the frame made for the engine (Redis stores): every key new, one seen before, no answer",
+            labels=["outcome"],
+        )
+        for outcome, n in c["replay_checks"]:
+            checks.add_metric([outcome], n)
+        yield checks
 
 
 def serve(

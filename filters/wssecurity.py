@@ -27,7 +27,7 @@ from lxml import etree
 from filters import encryption, faults, keys, ns, signature, timestamp, username_token
 from filters import secure_conversation as sc
 from filters.optimizations import Optimizations
-from filters.replay import ReplayCache
+from filters.replay import DeferredKey, DeferredRedisReplay, ReplayCache, first_sight
 from filters.soap import Envelope
 from filters.threat_protection import Limits
 from gateway.policy import EncryptionPolicy, SignaturePolicy, TimestampPolicy, UsernameTokenPolicy
@@ -77,7 +77,7 @@ class Credentials:
     psk: Mapping[str, bytes] = field(default_factory=dict)  # pre-shared keys by ds:KeyName
     encrypted_keys: Mapping[str, bytes] = field(default_factory=dict)  # EncryptedKeySHA1 (base64) -> key we sent
     users: username_token.Users | None = None
-    replay: ReplayCache | None = None
+    replay: ReplayCache | DeferredRedisReplay | None = None
     optimizations: Optimizations | None = None  # the route's signature optimizations (None: xmlsec throughout)
     # WS-SecureConversation: resolves the SCT references of one message (now, the header's SCTs by wsu:Id).
     contexts: Callable[[datetime, Mapping[str, sc.Sct]], sc.SctResolver] | None = None
@@ -98,6 +98,8 @@ class Verified:
     timestamp: timestamp.Window | None = None
     decrypted_body: bool = False
     context: sc.Context | None = None  # the security context whose derived keys the message used
+    # Replay keys of a deferred store: the message passes only if it is the first to set every one of them.
+    replay_keys: list[DeferredKey] = field(default_factory=list)
 
     def covers(self, el: etree._Element) -> bool:
         """Whether `el` or an ancestor of it was signed (by identity)."""
@@ -231,10 +233,10 @@ def _authenticate_user(st: _State, el: etree._Element) -> None:
             raise faults.security("InvalidSecurity", "UsernameToken encrypted under another key than the signature's")
     tp = st.req.timestamp
     got = username_token.verify(el, st.creds.users, st.req.username_token, st.now, tp.max_age_s, tp.clock_skew_s)
-    if got.nonce is not None and st.creds.replay is not None:
+    if got.nonce is not None:
         key = b"ut:" + got.username.encode() + b":" + got.nonce
-        if st.creds.replay.seen(key, float(tp.max_age_s + 2 * tp.clock_skew_s)):
-            raise faults.security("FailedAuthentication", "replay: UsernameToken nonce seen before")
+        replayed = faults.security("FailedAuthentication", "replay: UsernameToken nonce seen before")
+        first_sight(st.creds.replay, key, float(tp.max_age_s + 2 * tp.clock_skew_s), replayed, st.out.replay_keys)
     st.out.username = got.username
     if st.out.subject is None:
         st.out.subject = got.username
@@ -367,8 +369,8 @@ def _signature(st: _State, sig: etree._Element) -> bool:
         st.out.subject = st.creds.trust.validate(key, [], st.now)
         st.out.signer_certificate = key
     verified = signature.verify(sig, st.env, key, st.req.signature, st.creds.optimizations)
-    if st.creds.replay is not None and st.creds.replay.seen(b"sig:" + verified.signature_value, _replay_ttl(st)):
-        raise faults.security("InvalidSecurity", "replay: signature value seen before")
+    replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
+    first_sight(st.creds.replay, b"sig:" + verified.signature_value, _replay_ttl(st), replayed, st.out.replay_keys)
     st.out.signed.extend(verified.elements)
     if isinstance(key, bytes):
         st.out.symmetric_key = key

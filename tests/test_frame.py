@@ -301,7 +301,10 @@ def test_an_engine_bug_is_a_generic_fault_with_the_traceback_only_in_the_log(
             raise KeyError("secret-detail")
 
     w.engine.pipelines["xml"] = Buggy(w.engine.pipelines["xml"].route)
-    status, fault, set_headers, _ = w.handle("xml", "request", ECHO, {"content-type": content_type("1.2")}, None)
+    status, fault, set_headers, _, replay_keys = w.handle(
+        "xml", "request", ECHO, {"content-type": content_type("1.2")}, None
+    )
     assert (status, fault) == (500, faults.render(REFUSALS["internal"], "1.2"))
     assert set_headers == [("content-type", faults.content_type("1.2"))]
+    assert replay_keys is None  # a refusal sets no replay key
     assert "secret-detail" in caplog.text and b"secret-detail" not in fault

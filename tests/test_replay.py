@@ -9,7 +9,14 @@ import pytest
 import redis
 
 from filters import faults
-from filters.replay import MemoryReplayCache, RedisReplayCache, from_url
+from filters.replay import (
+    DeferredKey,
+    DeferredRedisReplay,
+    MemoryReplayCache,
+    RedisReplayCache,
+    first_sight,
+    from_url,
+)
 from tests.harness import free_ports, start_redis, stop
 
 
@@ -256,3 +263,58 @@ def test_from_url_unknown_scheme_names_only_the_scheme() -> None:
     with pytest.raises(ValueError, match="'memcached'") as info:
         from_url("memcached://user:pw@host", max_entries=7)
     assert "pw" not in str(info.value)
+
+
+# --- the deferred Redis store (the frame sets the keys: filters/frame/src/replay.rs)
+
+
+def test_deferred_keys_are_the_keys_the_engines_own_redis_store_sets(redis_url: str) -> None:
+    # Workers of either kind (and the SC Issue path, which settles here) must refuse each other's replays.
+    deferred, direct = DeferredRedisReplay(redis_url), RedisReplayCache(redis_url)
+    replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
+    try:
+        k = deferred.key(b"sig:shared-view", 60, replayed)
+        assert k.px == 60_000 and k.fault is replayed
+        deferred.settle([k])
+        assert direct.seen(b"sig:shared-view", 60)
+        assert not direct.seen(b"sig:set-directly-first", 60)
+        with pytest.raises(faults.Fault) as info:
+            deferred.settle([deferred.key(b"sig:set-directly-first", 60, replayed)])
+        assert info.value is replayed
+    finally:
+        direct.close()
+
+
+def test_deferred_settle_needs_every_key_new_and_names_the_replayed_one(redis_url: str) -> None:
+    store = DeferredRedisReplay(redis_url)
+    sig = faults.security("InvalidSecurity", "replay: signature value seen before")
+    nonce = faults.security("FailedAuthentication", "replay: UsernameToken nonce seen before")
+    store.settle([store.key(b"ut:alice:n1", 60, nonce)])
+    with pytest.raises(faults.Fault) as info:
+        store.settle([store.key(b"sig:fresh", 60, sig), store.key(b"ut:alice:n1", 60, nonce)])
+    assert info.value is nonce
+    with pytest.raises(faults.Fault) as info:  # the same key twice in one message: the second sight is a replay
+        store.settle([store.key(b"sig:twice", 60, sig), store.key(b"sig:twice", 60, sig)])
+    assert info.value is sig
+
+
+def test_deferred_settle_with_redis_unreachable_is_a_server_fault() -> None:
+    store = DeferredRedisReplay(f"redis://127.0.0.1:{free_ports(1)[0]}/0", timeout_s=0.5)
+    with pytest.raises(faults.Fault) as info:
+        store.settle([store.key(b"a", 60, faults.security("InvalidSecurity", "replay"))])
+    assert info.value.sender is False and info.value.http_status == 500
+    assert "replay store unavailable" in info.value.reason
+
+
+def test_first_sight_defers_to_the_deferred_store_and_checks_the_others_now(redis_url: str) -> None:
+    replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
+    deferred: list[DeferredKey] = []
+    store = DeferredRedisReplay(redis_url)
+    first_sight(store, b"sig:x", 60, replayed, deferred)
+    first_sight(store, b"sig:x", 60, replayed, deferred)  # not checked here: the frame's pipeline refuses it
+    assert [k.name for k in deferred] == [store.key(b"sig:x", 60, replayed).name] * 2
+    memory = MemoryReplayCache(10)
+    first_sight(memory, b"sig:x", 60, replayed, deferred)
+    with pytest.raises(faults.Fault):
+        first_sight(memory, b"sig:x", 60, replayed, deferred)
+    assert len(deferred) == 2

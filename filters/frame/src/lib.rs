@@ -2,11 +2,12 @@
 //!
 //! `serve` runs Envoy's `ExternalProcessor` gRPC service on a single-threaded tokio runtime driven on the calling
 //! (the worker's main) thread with the GIL released; it re-takes the GIL only to call the worker: once per body
-//! phase (`handle`, the one call into the engine), per refusal (`refused`), on SIGHUP (`reload`) and once ready
-//! (`ready`). SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
+//! phase (`handle`, the one call into the engine), per refusal (`refused`, and `replay_refused` when the replay
+//! check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready (`ready`). SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
 
 mod budget;
 mod counters;
+mod replay;
 mod service;
 mod table;
 
@@ -22,6 +23,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
+use replay::Stores;
 use service::{Frame, Shared, BUDGET};
 use table::Table;
 
@@ -45,7 +47,7 @@ fn serve(
     let table = Table::from_py(table)?;
     BUDGET.set_limit(budget_bytes);
     let handle = worker.getattr(py, "handle")?;
-    let shared = Arc::new(Shared { table: Mutex::new(Arc::new(table)), worker, handle });
+    let shared = Arc::new(Shared { table: Mutex::new(Arc::new(table)), worker, handle, replay: Stores::default() });
     let grace = Duration::from_secs_f64(grace_seconds);
     py.detach(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -121,6 +123,7 @@ fn read_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("body_budget_bytes", BUDGET.limit())?;
     d.set_item("phases", counters::phases())?;
     d.set_item("refusals", counters::refusals())?;
+    d.set_item("replay_checks", counters::sights())?;
     Ok(d)
 }
 

@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::budget::{Budget, Ticket};
 use crate::counters::{self, Outcome, Phase};
+use crate::replay::{Sight, Stores};
 use crate::table::{Refusal, Route, Table};
 
 /// The gRPC metadata naming the route (gateway/envoy_config.py sets it per route).
@@ -36,6 +37,7 @@ pub struct Shared {
     pub table: Mutex<Arc<Table>>,
     pub worker: Py<PyAny>,
     pub handle: Py<PyAny>, // worker.handle, looked up once
+    pub replay: Stores,
 }
 
 impl Shared {
@@ -70,10 +72,15 @@ impl ExternalProcessor for Frame {
                 // An error or end of the inbound stream (Envoy reset or finished it) ends the exchange; dropping
                 // it releases its body reservation.
                 let msg = inbound.message().await.ok()??;
-                match ex.on_message(msg) {
+                let mut step = ex.on_message(msg);
+                // Awaited here, off the Python thread: other exchanges go on while Redis answers.
+                while let Step::Check(check) = step {
+                    step = ex.settle(*check).await;
+                }
+                match step {
                     Step::Reply(resp) => return Some((Ok(resp), Some((inbound, ex)))),
                     Step::Last(resp) => return Some((Ok(resp), None)),
-                    Step::Nothing => continue,
+                    Step::Nothing | Step::Check(_) => continue,
                 }
             }
         });
@@ -85,6 +92,20 @@ enum Step {
     Reply(ProcessingResponse),
     Last(ProcessingResponse), // an immediate response: the exchange ends here
     Nothing,
+    Check(Box<Check>), // the engine's verdict, once its replay keys are set (replay.rs)
+}
+
+/// The engine's answer to a body phase: status (0: pass on), body or None (unchanged), headers to set.
+type Answer = (u32, Option<Vec<u8>>, Vec<(String, String)>);
+/// The replay keys the engine returned with its verdict: the store's Redis URL, [(key, TTL in ms)].
+type Keys = (String, Vec<(Vec<u8>, u64)>);
+/// What `worker.handle` and `worker.replay_refused` return: the answer, the exchange, the replay keys or None.
+type Reply = (u32, Option<Vec<u8>>, Vec<(String, String)>, Py<PyAny>, Option<Keys>);
+
+struct Check {
+    request: bool,
+    keys: Keys,
+    answer: Answer,
 }
 
 /// One HTTP exchange as it goes through its phases.
@@ -178,45 +199,58 @@ impl Exchange {
             return self.refuse(Refusal::Busy, phase, metric_phase, detail);
         }
         let called = Python::attach(|py| self.call_engine(py, metric_phase, &body));
-        let (status, new_body, set_headers) = match called {
+        let (answer, keys) = match called {
             Ok(answer) => answer,
             Err(()) => {
                 counters::phase(phase, Outcome::Error);
-                let fault = self.table.fault(Refusal::Internal);
-                let (ct, body) = &fault.bodies[self.soap12 as usize];
-                return Step::Last(immediate(fault.status, vec![header("content-type", ct)], body.clone()));
+                return self.internal_fault();
             }
         };
         counters::phase(phase, Outcome::Engine);
-        let mut set: Vec<HeaderValueOption> = set_headers.iter().map(|(k, v)| header(k, v)).collect();
-        if status != 0 {
-            return Step::Last(immediate(status, set, new_body.unwrap_or_default()));
+        match keys {
+            Some(keys) => Step::Check(Box::new(Check { request, keys, answer })),
+            None => answer_with(request, answer),
         }
-        if let Some(b) = &new_body {
-            // Envoy refuses a replaced body whose content-length no longer fits (and legacy SOAP servers want one).
-            set.push(header("content-length", &b.len().to_string()));
-        }
-        let common = CommonResponse {
-            header_mutation: Some(HeaderMutation { set_headers: set, ..Default::default() }),
-            body_mutation: new_body.map(|b| BodyMutation { mutation: Some(Mutation::Body(b)) }),
-            ..Default::default()
+    }
+
+    fn internal_fault(&self) -> Step {
+        let fault = self.table.fault(Refusal::Internal);
+        let (ct, body) = &fault.bodies[self.soap12 as usize];
+        Step::Last(immediate(fault.status, vec![header("content-type", ct)], body.clone()))
+    }
+
+    /// Set the replay keys of an accepted message, then answer as the engine said; a key already set or a Redis
+    /// that cannot answer turns the answer into the engine's refusal (`worker.replay_refused`).
+    async fn settle(&mut self, check: Check) -> Step {
+        let (url, keys) = &check.keys;
+        let sight = self.shared.replay.first_sight(url, keys).await;
+        counters::sight(sight.counter());
+        let (index, detail) = match sight {
+            Sight::First => return answer_with(check.request, check.answer),
+            Sight::Replayed(i) => (i as i64, String::new()),
+            Sight::Unavailable(detail) => (-1, detail),
         };
-        let body_response = BodyResponse { response: Some(common) };
-        let out = if request { Out::RequestBody(body_response) } else { Out::ResponseBody(body_response) };
-        Step::Reply(ProcessingResponse { response: Some(out), ..Default::default() })
+        let refused = Python::attach(|py| {
+            let state = self.state.as_ref().map(|s| s.clone_ref(py));
+            let args = (self.route_name.as_str(), state, index, detail);
+            let call = self.shared.worker.bind(py).call_method1("replay_refused", args);
+            call.and_then(|answer| answer.extract::<Reply>()).map_err(|err| err.display(py))
+        });
+        match refused {
+            Ok((status, body, set, _, _)) => {
+                let set = set.iter().map(|(k, v)| header(k, v)).collect();
+                Step::Last(immediate(status, set, body.unwrap_or_default()))
+            }
+            Err(()) => self.internal_fault(),
+        }
     }
 
     /// The one call into the engine: `worker.handle(route, phase, body, request headers or None, exchange or
-    /// None) -> (status, body or None, headers to set, exchange)`. Status 0 passes the (new) body on; any other
-    /// status answers the client with that body. A failure of the call itself (the worker catches the engine's
-    /// errors) is printed and answered with a generic fault: fail closed.
-    #[allow(clippy::type_complexity)]
-    fn call_engine(
-        &mut self,
-        py: Python<'_>,
-        phase: &str,
-        body: &[u8],
-    ) -> Result<(u32, Option<Vec<u8>>, Vec<(String, String)>), ()> {
+    /// None) -> (status, body or None, headers to set, exchange, replay keys or None)`. Status 0 passes the (new)
+    /// body on; any other status answers the client with that body; replay keys are set first (`settle`). A
+    /// failure of the call itself (the worker catches the engine's errors) is printed and answered with a generic
+    /// fault: fail closed.
+    fn call_engine(&mut self, py: Python<'_>, phase: &str, body: &[u8]) -> Result<(Answer, Option<Keys>), ()> {
         let result = (|| -> PyResult<_> {
             let headers = if phase == "request" {
                 let d = PyDict::new(py);
@@ -230,10 +264,9 @@ impl Exchange {
             let state = self.state.take();
             let args = (self.route_name.as_str(), phase, PyBytes::new(py, body), headers, state);
             let answer = self.shared.handle.bind(py).call1(args)?;
-            let (status, body, set, state): (u32, Option<Vec<u8>>, Vec<(String, String)>, Py<PyAny>) =
-                answer.extract()?;
+            let (status, body, set, state, keys): Reply = answer.extract()?;
             self.state = Some(state);
-            Ok((status, body, set))
+            Ok(((status, body, set), keys))
         })();
         result.map_err(|err| {
             eprintln!(
@@ -264,6 +297,26 @@ impl Drop for Exchange {
     fn drop(&mut self) {
         counters::STREAMS_ACTIVE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// The engine's answer as Envoy gets it: status 0 passes the (new) body on, any other status answers the client.
+fn answer_with(request: bool, (status, new_body, set_headers): Answer) -> Step {
+    let mut set: Vec<HeaderValueOption> = set_headers.iter().map(|(k, v)| header(k, v)).collect();
+    if status != 0 {
+        return Step::Last(immediate(status, set, new_body.unwrap_or_default()));
+    }
+    if let Some(b) = &new_body {
+        // Envoy refuses a replaced body whose content-length no longer fits (and legacy SOAP servers want one).
+        set.push(header("content-length", &b.len().to_string()));
+    }
+    let common = CommonResponse {
+        header_mutation: Some(HeaderMutation { set_headers: set, ..Default::default() }),
+        body_mutation: new_body.map(|b| BodyMutation { mutation: Some(Mutation::Body(b)) }),
+        ..Default::default()
+    };
+    let body_response = BodyResponse { response: Some(common) };
+    let out = if request { Out::RequestBody(body_response) } else { Out::ResponseBody(body_response) };
+    Step::Reply(ProcessingResponse { response: Some(out), ..Default::default() })
 }
 
 /// A request's headers on an XML route: a SOAP POST with a body within the route's limit, or a refusal. Returns
