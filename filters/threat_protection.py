@@ -212,19 +212,22 @@ def _parse_whole(data: bytes, limits: Limits) -> Envelope:
     if found & 4:
         raise faults.client("processing instruction in message")
     namespaces = min(limits.max_namespace_declarations, limits.max_namespaces_in_scope)
-    if data.count(b"xmlns") > namespaces and _most_in_scope(root) > namespaces:
-        # Over a limit, or (fewer declarations allowed on one element than in scope) perhaps: the incremental
-        # parse tells which, with its reason, at the element where it stops.
-        return _parse_incremental(data, limits)
+    if data.count(b"xmlns") > namespaces and _over_in_scope(root, namespaces):
+        if limits.max_namespace_declarations >= limits.max_namespaces_in_scope:
+            # Also where one element declares too many: its own declarations are in its scope.
+            raise faults.client(f"namespace declarations in scope over {limits.max_namespaces_in_scope}")
+        return _parse_incremental(data, limits)  # fewer allowed on one element: over which limit, if any
     return _envelope(root)
 
 
-def _most_in_scope(root: etree._Element) -> int:
-    """The most declarations in scope at any element (each on the element and its ancestors; a redeclared prefix
-    counts again), as the incremental parse counts them. Only elements that declare namespaces give events, one
-    per declaration and one per declaration going out of scope: linear, no lookups, memory bounded by the tree."""
+def _over_in_scope(root: etree._Element, limit: int) -> bool:
+    """Whether declarations in scope at some element (each on the element and its ancestors; a redeclared prefix
+    counts again) pass `limit`, as the incremental parse counts them. Only elements that declare namespaces give
+    events, one per declaration and one per declaration going out of scope. The walk stops at the first
+    declaration over the limit: lxml queues an element's events and hands them out from the front, so reading
+    all of a 10,000-declaration flood would cost its square."""
     events = map(itemgetter(0), etree.iterwalk(root, events=("start-ns", "end-ns")))
-    return max(accumulate(map(_STEP.__getitem__, events)), default=0)  # iterated in C, not a Python loop
+    return next(filter(limit.__lt__, accumulate(map(_STEP.__getitem__, events))), None) is not None  # in C
 
 
 _STEP = {"start-ns": 1, "end-ns": -1}

@@ -270,7 +270,7 @@ def test_namespace_heavy_bodies_are_parsed_whole_and_refused_as_the_incremental_
     except faults.Fault as fault:
         got = fault.reason
     expected = _outcome(lambda d, _: incremental(d, EVEN), data)
-    assert got == expected
-    assert (got is None) == (refused is None) and (refused is None or refused in got)
-    # Accepted without a Python event per declaration; a refusal's reason comes from the incremental parse.
-    assert strategies == ([] if refused is None else ["incremental"])
+    assert (got is None) == (expected is None) == (refused is None)
+    if refused is not None:  # the same document refused; the whole parse names the scope (a flood on one element
+        assert refused in expected and "namespace declarations in scope over 12" in got  # is in its scope)
+    assert strategies == []  # without a Python event per element or declaration
