@@ -243,6 +243,10 @@ MANY_NAMESPACES = {
         envelope("".join(f'<a xmlns="urn:{i}"><b xmlns="">' for i in range(7)) + "</b></a>" * 7),
         "namespace declarations in scope over 12",
     ),
+    "the xml prefix declared at every level (never counted)": (
+        envelope('<a xmlns:xml="http://www.w3.org/XML/1998/namespace">' * 14 + "</a>" * 14),
+        None,
+    ),
     "thirteen on one element": (envelope("<a/>" * 20 + f"<a{_declarations(13)}/>"), "namespace declarations on one"),
     "flood on the envelope": (
         envelope("<a/>").replace(b"<soap:Envelope", f"<soap:Envelope{_declarations(400)}".encode()),
