@@ -5,12 +5,12 @@ finds which and hands on UTF-8). DTDs, entity declarations and processing instru
 depth, element count, attribute count, namespace declarations (per element and in scope) and the length of text,
 attribute values, namespace names and comments are limited. A body whose bytes already prove the element count
 and length limits (fewer '<' than elements allowed, fewer bytes than a text node or namespace name may have) is
-parsed whole by libxml2 and its depth, attributes and processing instructions are checked with XPath, in C; its
-declarations in scope are counted by walking only the elements that declare namespaces (unless the bytes hold
-fewer "xmlns" than allowed), which also bounds each element's own unless the policy allows fewer on one element
-than in scope (then the bytes must). Any other body is parsed incrementally and refused as soon as it crosses a
-limit (bounded memory and time), before anything serializes or canonicalizes it. Nothing is ever loaded from the network or the
-file system (filters/xmlsupport.py)."""
+parsed whole by libxml2 and its depth, attributes and processing instructions are checked with XPath, in C. Its
+declarations in scope are counted (where the bytes hold more "xmlns" than allowed) by a walk on which only the
+elements that declare namespaces give events; that count bounds each element's own as well, unless the policy
+allows fewer on one element than in scope (then the bytes must prove both). Any other body is parsed
+incrementally and refused as soon as it crosses a limit (bounded memory and time), before anything serializes or
+canonicalizes it. Nothing is ever loaded from the network or the file system (filters/xmlsupport.py)."""
 
 from __future__ import annotations
 
