@@ -3,17 +3,21 @@
 The body must be one well-formed SOAP 1.1 or 1.2 envelope with one Body, in UTF-8 or UTF-16 (filters/charset.py
 finds which and hands on UTF-8). DTDs, entity declarations and processing instructions are refused; size, nesting
 depth, element count, attribute count, namespace declarations (per element and in scope) and the length of text,
-attribute values, namespace names and comments are limited. A body whose bytes already prove the element count,
-namespace and length limits (fewer '<' than elements allowed, fewer "xmlns" than declarations allowed, fewer bytes
-than a text node may have) is parsed whole by libxml2 and its depth, attributes and processing instructions are
-checked with XPath, in C; any other is parsed incrementally and refused as soon as it crosses a limit (bounded
-memory and time), before anything serializes or canonicalizes it. Nothing is ever loaded from the network or the
-file system (filters/xmlsupport.py)."""
+attribute values, namespace names and comments are limited. A body whose bytes already prove the element count
+and length limits (fewer '<' than elements allowed, fewer bytes than a text node or namespace name may have) is
+parsed whole by libxml2 and its depth, attributes and processing instructions are checked with XPath, in C. Its
+declarations in scope are counted (where the bytes hold more "xmlns" than allowed) by a walk on which only the
+elements that declare namespaces give events; that count bounds each element's own as well, unless the policy
+allows fewer on one element than in scope (then the bytes must prove both). Any other body is parsed
+incrementally and refused as soon as it crosses a limit (bounded memory and time), before anything serializes or
+canonicalizes it. Nothing is ever loaded from the network or the file system (filters/xmlsupport.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from functools import cache
+from itertools import accumulate
+from operator import itemgetter
 from typing import Protocol
 from xml.sax.saxutils import quoteattr
 
@@ -151,8 +155,11 @@ def parse_envelope(data: bytes, limits: Limits) -> Envelope:
     # Cheap upper bounds: every element needs a '<', every namespace declaration an "xmlns", every character of
     # text, attribute value or namespace name at least a byte.
     may_exceed_elements = text.count(b"<") > limits.max_elements
+    # The whole parse counts the declarations in scope itself; where fewer are allowed on one element than in
+    # scope, that count does not bound each element's own, so the bytes must.
     namespaces = min(limits.max_namespace_declarations, limits.max_namespaces_in_scope)
-    if not may_exceed_elements and len(text) <= limits.max_text_length and text.count(b"xmlns") <= namespaces:
+    bounded = limits.max_namespace_declarations >= limits.max_namespaces_in_scope or text.count(b"xmlns") <= namespaces
+    if not may_exceed_elements and len(text) <= limits.max_text_length and bounded:
         env = _parse_whole(text, limits)
     else:
         env = _parse_incremental(text, limits, count_elements=may_exceed_elements)
@@ -204,7 +211,26 @@ def _parse_whole(data: bytes, limits: Limits) -> Envelope:
         raise faults.client(f"attribute count over {limits.max_attributes}")
     if found & 4:
         raise faults.client("processing instruction in message")
+    namespaces = min(limits.max_namespace_declarations, limits.max_namespaces_in_scope)
+    if data.count(b"xmlns") > namespaces and _over_in_scope(root, namespaces):
+        if limits.max_namespace_declarations >= limits.max_namespaces_in_scope:
+            # Also where one element declares too many: its own declarations are in its scope.
+            raise faults.client(f"namespace declarations in scope over {limits.max_namespaces_in_scope}")
+        return _parse_incremental(data, limits)  # fewer allowed on one element: over which limit, if any
     return _envelope(root)
+
+
+def _over_in_scope(root: etree._Element, limit: int) -> bool:
+    """Whether declarations in scope at some element (each on the element and its ancestors; a redeclared prefix
+    counts again) pass `limit`, as the incremental parse counts them. Only elements that declare namespaces give
+    events, one per declaration and one per declaration going out of scope. The walk stops at the first
+    declaration over the limit: lxml queues an element's events and hands them out from the front, so reading
+    all of a 10,000-declaration flood would cost its square."""
+    events = map(itemgetter(0), etree.iterwalk(root, events=("start-ns", "end-ns")))
+    return next(filter(limit.__lt__, accumulate(map(_STEP.__getitem__, events))), None) is not None  # in C
+
+
+_STEP = {"start-ns": 1, "end-ns": -1}
 
 
 def _envelope(root: etree._Element) -> Envelope:

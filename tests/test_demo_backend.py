@@ -173,6 +173,19 @@ def test_echo_copies_children_and_text(url: str, version: str, soap: str, ctype:
     assert out.findtext(f"{{urn:other}}x/{{{DEMO}}}deep") == "three"
 
 
+def test_echo_declares_the_envelopes_namespaces_once_not_on_every_child(url: str) -> None:
+    """A fair demo: the answer is about the request's size, whatever namespaces the request declares above it."""
+    decls = "".join(f' xmlns:p{i}="urn:ns:{i}"' for i in range(30))
+    children = "".join(f'<p{i % 30}:n p{(i + 1) % 30}:a="{i}"/>' for i in range(3000))
+    body = envelope("1.1", f"<d:echo>{children}</d:echo>").replace(b"<s:Envelope", f"<s:Envelope{decls}".encode())
+    resp = post(url, body, "1.1")
+    assert resp.status_code == 200
+    assert resp.content.count(b"xmlns") <= body.count(b"xmlns")
+    assert len(resp.content) < len(body) * 1.1
+    expected = etree.fromstring(body).find(f".//{{{DEMO}}}echo")
+    assert [c14n(c) for c in body_child(resp, SOAP11)] == [c14n(c) for c in expected]
+
+
 @pytest.mark.parametrize(("count", "low", "high"), [(4, 900, 1500), (100, 25_000, 35_000), (3500, 900_000, 1_100_000)])
 def test_query_size_and_rows(url: str, count: int, low: int, high: int) -> None:
     resp = post(url, query(count))

@@ -222,3 +222,59 @@ def test_a_doctype_in_utf16_is_refused_before_any_parser_sees_it(
     with pytest.raises(faults.Fault) as got:
         parse_envelope(data, LIMITS)
     assert "DTD" in got.value.reason
+
+
+EVEN = Limits(max_namespace_declarations=12)  # as many on one element as in scope: the whole parse counts them
+MANY_NAMESPACES = {
+    "eight on each of many siblings": (envelope("".join(f"<a{_declarations(8)}/>" for _ in range(40))), None),
+    "twelve in scope on a chain (with the Envelope's)": (
+        envelope(f"<a{_declarations(6)}><b{_declarations(5, 6)}/></a>" * 5),
+        None,
+    ),
+    "thirteen in scope on a chain": (
+        envelope(f"<a{_declarations(6)}><b{_declarations(6, 6)}><c xmlns:z='urn:z'/></b></a>" * 5),
+        "namespace declarations in scope over 12",
+    ),
+    "the same prefix redeclared at every level": (
+        envelope("".join(f'<a xmlns:p="urn:{i}">' for i in range(13)) + "</a>" * 13),
+        "namespace declarations in scope over 12",
+    ),
+    "default namespace undeclared at every level": (
+        envelope("".join(f'<a xmlns="urn:{i}"><b xmlns="">' for i in range(7)) + "</b></a>" * 7),
+        "namespace declarations in scope over 12",
+    ),
+    "the xml prefix declared at every level (never counted)": (
+        envelope('<a xmlns:xml="http://www.w3.org/XML/1998/namespace">' * 14 + "</a>" * 14),
+        None,
+    ),
+    "thirteen on one element": (envelope("<a/>" * 20 + f"<a{_declarations(13)}/>"), "namespace declarations on one"),
+    "flood on the envelope": (
+        envelope("<a/>").replace(b"<soap:Envelope", f"<soap:Envelope{_declarations(400)}".encode()),
+        "namespace declarations on one element",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MANY_NAMESPACES))
+def test_namespace_heavy_bodies_are_parsed_whole_and_refused_as_the_incremental_parse_refuses(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, refused = MANY_NAMESPACES[case]
+    assert data.count(b"xmlns") > 12  # the bytes alone do not prove the namespace limits
+    incremental = threat_protection._parse_incremental
+    strategies: list[str] = []
+    monkeypatch.setattr(
+        threat_protection,
+        "_parse_incremental",
+        lambda *a, **kw: strategies.append("incremental") or incremental(*a, **kw),
+    )
+    try:
+        parse_envelope(data, EVEN)
+        got = None
+    except faults.Fault as fault:
+        got = fault.reason
+    expected = _outcome(lambda d, _: incremental(d, EVEN), data)
+    assert (got is None) == (expected is None) == (refused is None)
+    if refused is not None:  # the same document refused; the whole parse names the scope (a flood on one element
+        assert refused in expected and "namespace declarations in scope over 12" in got  # is in its scope)
+    assert strategies == []  # without a Python event per element or declaration
