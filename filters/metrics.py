@@ -14,6 +14,7 @@ from gateway.policy import Route
 
 P = ParamSpec("P")
 R = TypeVar("R")
+M = TypeVar("M", Counter, Histogram)
 
 REQUESTS = Counter("wsgate_requests", "Exchanges processed by the filter", ["route", "profile", "phase", "outcome"])
 FAULTS = Counter("wsgate_faults", "Refusals by precise reason code", ["route", "profile", "reason"])
@@ -58,7 +59,14 @@ class stage:
         if self._open:
             self._open[-1].children += elapsed
         if self.route is not None:
-            STAGE.labels(self.route.name, self.route.profile, self.name).observe(elapsed - self.children)
+            series(STAGE, self.route.name, self.route.profile, self.name).observe(elapsed - self.children)
+
+
+@functools.cache
+def series(metric: M, *labels: str) -> M:
+    """One labelled child of `metric`, looked up once: prometheus_client's labels() costs more than an observe,
+    and the label values (routes, profiles, stages, outcomes) are few."""
+    return metric.labels(*labels)
 
 
 def timed(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -67,6 +75,8 @@ def timed(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)
         def timed_fn(*args: P.args, **kwargs: P.kwargs) -> R:
+            if not stage._open:  # outside any pipeline stage (the client, tests): nothing to record
+                return fn(*args, **kwargs)
             with stage(None, name):
                 return fn(*args, **kwargs)
 
