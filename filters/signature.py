@@ -8,15 +8,17 @@ Only those elements are registered as ids for xmlsec, so what xmlsec digests is 
 names; callers check their required parts against that list by identity, never by a fresh lookup.
 
 With a route's optimizations (filters/optimizations.py), references in the usual shape (one exclusive C14N
-transform) are digested directly (filters/c14n.py) and the SignatureValue is checked by xmlsec over the
-canonical SignedInfo; a signature that does not verify that way goes through xmlsec's full verification, which
-decides. Signing computes the same digests and has xmlsec sign the canonical SignedInfo."""
+transform) are digested directly (filters/c14n.py) and the SignatureValue is checked over the canonical
+SignedInfo (an HMAC by `hmac`, RSA by xmlsec); a signature that does not verify that way goes through xmlsec's
+full verification, which decides. Signing computes the same digests and signs the canonical SignedInfo the same
+way."""
 
 from __future__ import annotations
 
 import base64
 import functools
 import hashlib
+import hmac
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -44,6 +46,8 @@ SIGNATURE_METHODS: dict[str, xmlsec.Transform] = {
     "hmac-sha1": T.HMAC_SHA1,
 }
 DIGEST_METHODS: dict[str, xmlsec.Transform] = {"sha256": T.SHA256, "sha1": T.SHA1}
+# HMAC signature methods -> hashlib names: on the direct paths the MAC is `hmac`'s, no xmlsec key or context.
+HMAC_HASHES = {"hmac-sha256": "sha256", "hmac-sha1": "sha1"}
 DIGEST_NAMES = {t.href: name for name, t in DIGEST_METHODS.items()}
 DIGEST_SIZES = {t.href: hashlib.new(name).digest_size for name, t in DIGEST_METHODS.items()}
 C14N_METHODS: dict[str, xmlsec.Transform] = {t.href: t for t in (T.EXCL_C14N, T.C14N)}
@@ -322,8 +326,8 @@ def _verify_direct(
     sig: etree._Element,
     elements: list[etree._Element],
     security: etree._Element,
-    key: xmlsec.Key,
-    method: xmlsec.Transform,
+    key: x509.Certificate | bytes,
+    algorithm: str,
     value: bytes,
     optimizations: Optimizations,
 ) -> bool | None:
@@ -346,14 +350,23 @@ def _verify_direct(
             return False
         if memo is not None:
             learned.append(memo)
-    ctx = xmlsec.SignatureContext()
-    ctx.key = key
-    try:
-        ctx.verify_binary(c14n.canonical(info, info_prefixes), method, value)
-    except xmlsec.Error:
+    if not _signature_matches(c14n.canonical(info, info_prefixes), key, algorithm, value):
         optimizations.fell_back()
         return False
     optimizations.verified(learned)
+    return True
+
+
+def _signature_matches(signed_info: bytes, key: x509.Certificate | bytes, algorithm: str, value: bytes) -> bool:
+    """Whether `value` is the signature of the canonical SignedInfo `signed_info` with `key`."""
+    if isinstance(key, bytes):
+        return hmac.compare_digest(hmac.new(key, signed_info, HMAC_HASHES[algorithm]).digest(), value)
+    ctx = xmlsec.SignatureContext()
+    ctx.key = _certificate_key(key)
+    try:
+        ctx.verify_binary(signed_info, SIGNATURE_METHODS[algorithm], value)
+    except xmlsec.Error:
+        return False
     return True
 
 
@@ -382,17 +395,17 @@ def verify(
             )
         _id_attribute(el, ref_id)  # named by wsu:Id or Id, the attributes xmlsec registers (never xml:id...)
         elements.append(el)
+    direct = None
+    if optimizations is not None:
+        direct = _verify_direct(sig, elements, security, key, algorithm, value, optimizations)
+        if direct:
+            return Verified(elements=elements, signature_value=value, algorithm=algorithm)
     xkey = (
         xmlsec.Key.from_binary_data(xmlsec.constants.KeyDataHmac, key)
         if isinstance(key, bytes)
         else _certificate_key(key)
     )
     method = SIGNATURE_METHODS[algorithm]
-    direct = None
-    if optimizations is not None:
-        direct = _verify_direct(sig, elements, security, xkey, method, value, optimizations)
-        if direct:
-            return Verified(elements=elements, signature_value=value, algorithm=algorithm)
     # xmlsec canonicalizes each reference through a node set, per element and PrefixList prefix: bounded first.
     for el, ref in zip(elements, _children(_children(sig)[0])[2:], strict=True):
         prefixes = _prefix_list(ref)
@@ -466,7 +479,8 @@ def _id_source(root: etree._Element, prefix: str) -> Callable[[], str]:
 
 
 class Signer:
-    """Signs with one key and algorithm; the xmlsec key is built once, so keep one Signer per key."""
+    """Signs with one key and algorithm; the xmlsec key is built once, when first needed (an HMAC signed directly
+    needs none), so keep one Signer per RSA key."""
 
     def __init__(self, key: PrivateKey, algorithm: str, digest: str) -> None:
         if algorithm not in SIGNATURE_METHODS or digest not in DIGEST_METHODS:
@@ -477,7 +491,19 @@ class Signer:
         self.digest = digest
         self._method = SIGNATURE_METHODS[algorithm]
         self._digest = DIGEST_METHODS[digest]
-        self._key = _signing_key(key)
+        self._private = key
+        # An RSA key is parsed into xmlsec once, with the route; an HMAC secret only if xmlsec signs the template.
+        self._key = None if isinstance(key, bytes) else _signing_key(key)
+
+    def _xmlsec_key(self) -> xmlsec.Key:
+        return self._key or _signing_key(self._private)
+
+    def _sign_binary(self, signed_info: bytes) -> bytes:
+        if isinstance(self._private, bytes):
+            return hmac.new(self._private, signed_info, HMAC_HASHES[self.algorithm]).digest()
+        ctx = xmlsec.SignatureContext()
+        ctx.key = self._xmlsec_key()
+        return ctx.sign_binary(signed_info, self._method)
 
     @metrics.timed("signature_creation")
     def sign(
@@ -524,20 +550,20 @@ class Signer:
         signature_value = etree.SubElement(sig, _ds("SignatureValue"))
         etree.SubElement(sig, _ds("KeyInfo")).append(key_info_child)
 
-        ctx = xmlsec.SignatureContext()
-        ctx.key = self._key
         if optimizations is not None and all(c14n.direct(p) for p in (info_prefixes, *(d[2] for d in digest_values))):
             for holder, el, prefixes in digest_values:
                 # Tokens of the Security header (the Timestamp...) are per message: never worth prehashing.
                 got = optimizations.digest(el, prefixes, self.digest, cacheable=el.getparent() is not security)
                 holder.text = base64.b64encode(got).decode()
             try:
-                value = ctx.sign_binary(c14n.canonical(info, info_prefixes), self._method)
+                value = self._sign_binary(c14n.canonical(info, info_prefixes))
             except xmlsec.Error as exc:
                 security.remove(sig)
                 raise faults.server(f"signing failed: {exc}") from None
             signature_value.text = base64.b64encode(value).decode()
             return sig
+        ctx = xmlsec.SignatureContext()
+        ctx.key = self._xmlsec_key()
         try:
             for el, value in zip(elements, ids, strict=True):
                 name, attr_ns = _id_attribute(el, value)
