@@ -57,6 +57,7 @@ MAX_TRANSFORMS = 5
 MIN_HMAC_KEY = 16  # bytes; anything shorter is guessable, whoever supplied it
 
 
+@functools.cache  # the hot path names a dozen ds: tags per signature
 def _ds(local: str) -> str:
     return ns.q(ns.DS, local)
 
