@@ -443,6 +443,22 @@ def _inclusive_prefixes(el: etree._Element, exclude_visible: bool) -> list[str]:
     return sorted("#default" if p is None else p for p in prefixes)
 
 
+# C14N's attribute value escapes (XML C14N 1.0, 2.3); "#" + an id, namespace names and PrefixLists pass these.
+_C14N_ATTRIBUTE = str.maketrans({"&": "&amp;", "<": "&lt;", '"': "&quot;", "\t": "&#x9;", "\n": "&#xA;", "\r": "&#xD;"})
+# Parses the Signer's own canonical SignedInfo (no entities, no DTD: nothing of the message's).
+_TEMPLATE_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, collect_ids=False)
+
+
+def _c14n_attribute(value: str) -> str:
+    return value.translate(_C14N_ATTRIBUTE)
+
+
+def _inclusive(prefixes: list[str]) -> str:
+    """The canonical form of an InclusiveNamespaces element (its parent renders no "ec")."""
+    return (f'<ec:InclusiveNamespaces xmlns:ec="{ns.EXC_C14N}" PrefixList="{_c14n_attribute(" ".join(prefixes))}">'
+            "</ec:InclusiveNamespaces>")  # fmt: skip
+
+
 def _add_inclusive(parent: etree._Element, prefixes: list[str]) -> None:
     etree.SubElement(parent, INCLUSIVE_NAMESPACES, nsmap={"ec": ns.EXC_C14N}).set("PrefixList", " ".join(prefixes))
 
@@ -499,6 +515,34 @@ class Signer:
     def _xmlsec_key(self) -> xmlsec.Key:
         return self._key or _signing_key(self._private)
 
+    def _signed_info(
+        self,
+        scope: dict[str | None, str],
+        info_prefixes: list[str],
+        ids: list[str],
+        ref_prefixes: list[list[str]],
+        digests: list[bytes],
+    ) -> bytes | None:
+        """The exclusive canonical form (PrefixList `info_prefixes`) of the SignedInfo this Signer writes, with
+        the namespaces `scope` in scope on it, written out directly: the SignedInfo itself is then parsed from
+        these bytes, which declare everything they render, so the document's SignedInfo canonicalizes to them.
+        None where an "ec" prefix in scope would change how InclusiveNamespaces renders (libxml2 then)."""
+        if "ec" in scope:
+            return None
+        rendered = {"ds": ns.DS, **{p: scope[p] for p in info_prefixes if p != "xml" and p in scope}}
+        out = ["<ds:SignedInfo"]
+        out += [f' xmlns:{p}="{_c14n_attribute(rendered[p])}"' for p in sorted(rendered)]
+        out.append(f'><ds:CanonicalizationMethod Algorithm="{T.EXCL_C14N.href}">{_inclusive(info_prefixes)}')
+        out.append(f'</ds:CanonicalizationMethod><ds:SignatureMethod Algorithm="{self._method.href}">')
+        out.append("</ds:SignatureMethod>")
+        for value, prefixes, got in zip(ids, ref_prefixes, digests, strict=True):
+            out.append(f'<ds:Reference URI="#{_c14n_attribute(value)}"><ds:Transforms>')
+            out.append(f'<ds:Transform Algorithm="{T.EXCL_C14N.href}">{_inclusive(prefixes)}</ds:Transform>')
+            out.append(f'</ds:Transforms><ds:DigestMethod Algorithm="{self._digest.href}"></ds:DigestMethod>')
+            out.append(f"<ds:DigestValue>{base64.b64encode(got).decode()}</ds:DigestValue></ds:Reference>")
+        out.append("</ds:SignedInfo>")
+        return "".join(out).encode()
+
     def _sign_binary(self, signed_info: bytes) -> bytes:
         if isinstance(self._private, bytes):
             return hmac.new(self._private, signed_info, HMAC_HASHES[self.algorithm]).digest()
@@ -531,30 +575,52 @@ class Signer:
         fresh = new_id or _id_source(root, id_prefix)
 
         ids = [_ensure_id(el, fresh) for el in elements]
+        sig_id = fresh()
+        info_prefixes = _inclusive_prefixes(security, exclude_visible=False)
+        ref_prefixes = [_inclusive_prefixes(el, exclude_visible=True) for el in elements]
+        direct = optimizations is not None and all(c14n.direct(p) for p in (info_prefixes, *ref_prefixes))
+        digests: list[bytes] = []
+        if direct:
+            assert optimizations is not None
+            # Tokens of the Security header (the Timestamp...) are per message: never worth prehashing. None of
+            # the elements holds the Security header, so the signature added there later changes no digest.
+            digests = [
+                optimizations.digest(el, prefixes, self.digest, cacheable=el.getparent() is not security)
+                for el, prefixes in zip(elements, ref_prefixes, strict=True)
+            ]
+            scope = {**security.nsmap, "ds": ns.DS}  # the namespaces in scope on the SignedInfo
+            template = self._signed_info(scope, info_prefixes, ids, ref_prefixes, digests)
+            if template is not None:
+                try:
+                    value = base64.b64encode(self._sign_binary(template))
+                except xmlsec.Error as exc:
+                    raise faults.server(f"signing failed: {exc}") from None
+                head = f'<ds:Signature xmlns:ds="{ns.DS}" Id="{_c14n_attribute(sig_id)}">'.encode()
+                tail = b"<ds:SignatureValue>" + value + b"</ds:SignatureValue><ds:KeyInfo/></ds:Signature>"
+                sig = etree.fromstring(head + template + tail, _TEMPLATE_PARSER)
+                sig[-1].append(key_info_child)
+                security.append(sig)
+                return sig
         sig = etree.SubElement(security, SIGNATURE, nsmap={"ds": ns.DS})
-        sig.set("Id", fresh())
+        sig.set("Id", sig_id)
         info = etree.SubElement(sig, _ds("SignedInfo"))
         method = etree.SubElement(info, _ds("CanonicalizationMethod"), Algorithm=T.EXCL_C14N.href)
-        info_prefixes = _inclusive_prefixes(security, exclude_visible=False)
         _add_inclusive(method, info_prefixes)
         etree.SubElement(info, _ds("SignatureMethod"), Algorithm=self._method.href)
         digest_values = []
-        for el, value in zip(elements, ids, strict=True):
+        for value, prefixes in zip(ids, ref_prefixes, strict=True):
             ref = etree.SubElement(info, _ds("Reference"), URI=f"#{value}")
             transform = etree.SubElement(
                 etree.SubElement(ref, _ds("Transforms")), _ds("Transform"), Algorithm=T.EXCL_C14N.href
             )
-            prefixes = _inclusive_prefixes(el, exclude_visible=True)
             _add_inclusive(transform, prefixes)
             etree.SubElement(ref, _ds("DigestMethod"), Algorithm=self._digest.href)
-            digest_values.append((etree.SubElement(ref, _ds("DigestValue")), el, prefixes))
+            digest_values.append(etree.SubElement(ref, _ds("DigestValue")))
         signature_value = etree.SubElement(sig, _ds("SignatureValue"))
         etree.SubElement(sig, _ds("KeyInfo")).append(key_info_child)
 
-        if optimizations is not None and all(c14n.direct(p) for p in (info_prefixes, *(d[2] for d in digest_values))):
-            for holder, el, prefixes in digest_values:
-                # Tokens of the Security header (the Timestamp...) are per message: never worth prehashing.
-                got = optimizations.digest(el, prefixes, self.digest, cacheable=el.getparent() is not security)
+        if direct:
+            for holder, got in zip(digest_values, digests, strict=True):
                 holder.text = base64.b64encode(got).decode()
             try:
                 value = self._sign_binary(c14n.canonical(info, info_prefixes))
