@@ -22,6 +22,7 @@ import base64
 import binascii
 import copy
 import dataclasses
+import functools
 import hashlib
 import heapq
 import hmac
@@ -537,6 +538,7 @@ def load_master_keys(path: str | Path) -> list[MasterKey]:
 
 
 SEALED_PREFIX = "urn:wsgate:sct:"
+OPENED_CONTEXTS = 1024  # sealed identifiers remembered opened, per store (each at most MAX_IDENTIFIER characters)
 _GCM_NONCE = 12
 _GCM_TAG = 16
 _B64URL = re.compile(r"[A-Za-z0-9_\-]+")
@@ -558,6 +560,10 @@ class SealedContextStore:
         self.revocations = revocations
         self._seal_with = master_keys[0].id
         self._keys = {k.id: AESGCM(k.key) for k in master_keys}
+        # Every message of a context presents the same identifier: opened (base64, AES-GCM, unpacked) once while
+        # it is among the last OPENED_CONTEXTS; only identifiers that opened are remembered (exceptions are not
+        # cached). Cancellation and expiry are still checked per message (_lookup).
+        self._opened = functools.lru_cache(maxsize=OPENED_CONTEXTS)(self._open)
 
     def __len__(self) -> int:
         """Per-context entries held in this process: the cancellations."""
@@ -600,7 +606,7 @@ class SealedContextStore:
         return ctx, f"{key_id}:".encode() + raw[:_GCM_NONCE]
 
     def _lookup(self, identifier: str, version: Version, now: datetime) -> tuple[Context, bytes]:
-        ctx, revocation = self._open(identifier, version)
+        ctx, revocation = self._opened(identifier, version)
         if self.revocations.revoked(revocation, now):
             raise _unknown(version, identifier, "cancelled security context")
         return _live(ctx, version, now), revocation
