@@ -857,6 +857,11 @@ def is_dkt(el: etree._Element) -> bool:
     return isinstance(el.tag, str) and el.tag in _DKT_TAGS
 
 
+@functools.cache
+def _dkt_children(wsc: str) -> frozenset[str]:
+    return frozenset({ns.q(wsc, n) for n in _DKT_PARAMETERS} | {_STR})
+
+
 def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     """Read a wsc:DerivedKeyToken. InvalidSecurity if malformed, UnsupportedAlgorithm for an Algorithm other
     than the version's P_SHA1, UnknownDerivationSource when it does not reference an SCT."""
@@ -867,18 +872,23 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     algorithm = el.get("Algorithm")
     if algorithm not in (None, version.p_sha1):
         raise faults.security("UnsupportedAlgorithm", f"key derivation algorithm {algorithm[:120]!r}")
-    allowed = {ns.q(version.wsc, n) for n in _DKT_PARAMETERS} | {_STR}
+    allowed = _dkt_children(version.wsc)
+    children: dict[str, etree._Element] = {}  # one walk over the children, each kind at most once
     for child in _elements(el):
         if child.tag not in allowed:
             raise _invalid_security(f"DerivedKeyToken: unsupported child {str(child.tag)[:120]}")
+        if children.setdefault(child.tag, child) is not child:
+            raise _invalid_security(f"more than one {etree.QName(child).localname}")
 
     def derived(name: str) -> etree._Element | None:
-        return _at_most_one(el, ns.q(version.wsc, name), _invalid_security)
+        return children.get(ns.q(version.wsc, name))
 
     def unknown_source(reason: str) -> faults.Fault:
         return wsc_fault(version, "UnknownDerivationSource", f"DerivedKeyToken: {reason}")
 
-    source = _sct_ref(_one(el, _STR, _invalid_security), version, unknown_source)
+    if _STR not in children:
+        raise _invalid_security("DerivedKeyToken without SecurityTokenReference")
+    source = _sct_ref(children[_STR], version, unknown_source)
     generation, offset, length_el, label_el, nonce_el = (derived(n) for n in _DKT_PARAMETERS)
     if generation is not None and offset is not None:
         raise _invalid_security("DerivedKeyToken has both Offset and Generation")
