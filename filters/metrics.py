@@ -36,39 +36,51 @@ class stage:
     """Times a stage of the filter's work as `wsgate_stage_seconds`, exclusive of the stages inside it: the
     pipeline opens parse, security_header, secure and serialize for its route; the engine's modules open the
     finer ones (decrypt, c14n, digest, signature_check, signature_creation, encryption) inside those, with no
-    route (they inherit the enclosing stage's). A finer stage's time is summed per pipeline stage and observed
-    once when that closes (six C14N runs in one response: one c14n observation), so an observation costs per
-    stage kind, not per call. Outside any pipeline stage (the client, tests) nothing is recorded. One stack per
-    worker: the engine is synchronous."""
+    route (they inherit the enclosing stage's). Outside any pipeline stage (the client, tests) nothing is
+    recorded. One clock per worker (the engine is synchronous): each entry or exit charges the time since the
+    last one to the innermost open stage, and when the pipeline stage closes each stage kind it saw is observed
+    once with its sum (six C14N runs in one response: one c14n observation)."""
 
-    __slots__ = ("children", "inner", "name", "route", "start")
-    _open: list[stage] = []
+    __slots__ = ("name", "route")
 
     def __init__(self, route: Route | None, name: str) -> None:
         self.route = route
         self.name = name
 
     def __enter__(self) -> None:
-        self.children = 0.0
-        self.inner: dict[str, float] = {}
-        self._open.append(self)
-        self.start = time.perf_counter()
+        _enter(self.name, self.route)
 
     def __exit__(self, *exc: object) -> None:
-        elapsed = time.perf_counter() - self.start
-        own = elapsed - self.children
-        opened = self._open
-        opened.pop()
-        if opened:
-            opened[-1].children += elapsed
-            outer = opened[0].inner
-            outer[self.name] = outer.get(self.name, 0.0) + own
-            return
-        route = self.route
-        if route is not None:
-            series(STAGE, route.name, route.profile, self.name).observe(own)
-            for name, spent in self.inner.items():
-                series(STAGE, route.name, route.profile, name).observe(spent)
+        _exit()
+
+
+_open: list[str] = []  # the open stages' names, innermost last
+_spent: dict[str, float] = {}  # seconds per stage name since the pipeline stage opened
+_clock: list[float] = [0.0]  # the last entry or exit
+_route: list[Route | None] = [None]  # the pipeline stage's route
+
+
+def _enter(name: str, route: Route | None) -> None:
+    now = time.perf_counter()
+    if _open:
+        top = _open[-1]
+        _spent[top] = _spent.get(top, 0.0) + now - _clock[0]
+    else:
+        _route[0] = route
+        _spent.clear()
+    _open.append(name)
+    _clock[0] = now
+
+
+def _exit() -> None:
+    now = time.perf_counter()
+    name = _open.pop()
+    _spent[name] = _spent.get(name, 0.0) + now - _clock[0]
+    _clock[0] = now
+    route = _route[0]
+    if not _open and route is not None:
+        for kind, spent in _spent.items():
+            series(STAGE, route.name, route.profile, kind).observe(spent)
 
 
 @functools.cache
@@ -84,10 +96,13 @@ def timed(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)
         def timed_fn(*args: P.args, **kwargs: P.kwargs) -> R:
-            if not stage._open:  # outside any pipeline stage (the client, tests): nothing to record
+            if not _open:  # outside any pipeline stage (the client, tests): nothing to record
                 return fn(*args, **kwargs)
-            with stage(None, name):
+            _enter(name, None)
+            try:
                 return fn(*args, **kwargs)
+            finally:
+                _exit()
 
         return timed_fn
 
