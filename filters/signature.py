@@ -496,8 +496,8 @@ def _id_source(root: etree._Element, prefix: str) -> Callable[[], str]:
 
 
 class Signer:
-    """Signs with one key and algorithm; the xmlsec key is built once, when first needed (an HMAC signed directly
-    needs none), so keep one Signer per RSA key."""
+    """Signs with one key and algorithm. An RSA key is parsed into xmlsec once, so keep one Signer per RSA key; an
+    HMAC Signer is cheap (signed directly, it needs no xmlsec key at all)."""
 
     def __init__(self, key: PrivateKey, algorithm: str, digest: str) -> None:
         if algorithm not in SIGNATURE_METHODS or digest not in DIGEST_METHODS:
