@@ -66,7 +66,7 @@ class Optimizations:
 
     def _count(self, optimization: str, outcome: str) -> None:
         if self.route is not None:
-            metrics.OPTIMIZATIONS.labels(self.route.name, self.route.profile, optimization, outcome).inc()
+            metrics.series(metrics.OPTIMIZATIONS, self.route.name, self.route.profile, optimization, outcome).inc()
 
     # -- receiving -------------------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import base64
 import binascii
 import copy
 import dataclasses
+import functools
 import hashlib
 import heapq
 import hmac
@@ -537,6 +538,7 @@ def load_master_keys(path: str | Path) -> list[MasterKey]:
 
 
 SEALED_PREFIX = "urn:wsgate:sct:"
+OPENED_CONTEXTS = 1024  # sealed identifiers remembered opened, per store (each at most MAX_IDENTIFIER characters)
 _GCM_NONCE = 12
 _GCM_TAG = 16
 _B64URL = re.compile(r"[A-Za-z0-9_\-]+")
@@ -558,6 +560,10 @@ class SealedContextStore:
         self.revocations = revocations
         self._seal_with = master_keys[0].id
         self._keys = {k.id: AESGCM(k.key) for k in master_keys}
+        # Every message of a context presents the same identifier: opened (base64, AES-GCM, unpacked) once while
+        # it is among the last OPENED_CONTEXTS; only identifiers that opened are remembered (exceptions are not
+        # cached). Cancellation and expiry are still checked per message (_lookup).
+        self._opened = functools.lru_cache(maxsize=OPENED_CONTEXTS)(self._open)
 
     def __len__(self) -> int:
         """Per-context entries held in this process: the cancellations."""
@@ -600,7 +606,7 @@ class SealedContextStore:
         return ctx, f"{key_id}:".encode() + raw[:_GCM_NONCE]
 
     def _lookup(self, identifier: str, version: Version, now: datetime) -> tuple[Context, bytes]:
-        ctx, revocation = self._open(identifier, version)
+        ctx, revocation = self._opened(identifier, version)
         if self.revocations.revoked(revocation, now):
             raise _unknown(version, identifier, "cancelled security context")
         return _live(ctx, version, now), revocation
@@ -851,6 +857,11 @@ def is_dkt(el: etree._Element) -> bool:
     return isinstance(el.tag, str) and el.tag in _DKT_TAGS
 
 
+@functools.cache
+def _dkt_children(wsc: str) -> frozenset[str]:
+    return frozenset({ns.q(wsc, n) for n in _DKT_PARAMETERS} | {_STR})
+
+
 def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     """Read a wsc:DerivedKeyToken. InvalidSecurity if malformed, UnsupportedAlgorithm for an Algorithm other
     than the version's P_SHA1, UnknownDerivationSource when it does not reference an SCT."""
@@ -861,18 +872,23 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     algorithm = el.get("Algorithm")
     if algorithm not in (None, version.p_sha1):
         raise faults.security("UnsupportedAlgorithm", f"key derivation algorithm {algorithm[:120]!r}")
-    allowed = {ns.q(version.wsc, n) for n in _DKT_PARAMETERS} | {_STR}
+    allowed = _dkt_children(version.wsc)
+    children: dict[str, etree._Element] = {}  # one walk over the children, each kind at most once
     for child in _elements(el):
         if child.tag not in allowed:
             raise _invalid_security(f"DerivedKeyToken: unsupported child {str(child.tag)[:120]}")
+        if children.setdefault(child.tag, child) is not child:
+            raise _invalid_security(f"more than one {etree.QName(child).localname}")
 
     def derived(name: str) -> etree._Element | None:
-        return _at_most_one(el, ns.q(version.wsc, name), _invalid_security)
+        return children.get(ns.q(version.wsc, name))
 
     def unknown_source(reason: str) -> faults.Fault:
         return wsc_fault(version, "UnknownDerivationSource", f"DerivedKeyToken: {reason}")
 
-    source = _sct_ref(_one(el, _STR, _invalid_security), version, unknown_source)
+    if _STR not in children:
+        raise _invalid_security("DerivedKeyToken without SecurityTokenReference")
+    source = _sct_ref(children[_STR], version, unknown_source)
     generation, offset, length_el, label_el, nonce_el = (derived(n) for n in _DKT_PARAMETERS)
     if generation is not None and offset is not None:
         raise _invalid_security("DerivedKeyToken has both Offset and Generation")

@@ -8,15 +8,17 @@ Only those elements are registered as ids for xmlsec, so what xmlsec digests is 
 names; callers check their required parts against that list by identity, never by a fresh lookup.
 
 With a route's optimizations (filters/optimizations.py), references in the usual shape (one exclusive C14N
-transform) are digested directly (filters/c14n.py) and the SignatureValue is checked by xmlsec over the
-canonical SignedInfo; a signature that does not verify that way goes through xmlsec's full verification, which
-decides. Signing computes the same digests and has xmlsec sign the canonical SignedInfo."""
+transform) are digested directly (filters/c14n.py) and the SignatureValue is checked over the canonical
+SignedInfo (an HMAC by `hmac`, RSA by xmlsec); a signature that does not verify that way goes through xmlsec's
+full verification, which decides. Signing computes the same digests and signs the canonical SignedInfo the same
+way."""
 
 from __future__ import annotations
 
 import base64
 import functools
 import hashlib
+import hmac
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -44,6 +46,8 @@ SIGNATURE_METHODS: dict[str, xmlsec.Transform] = {
     "hmac-sha1": T.HMAC_SHA1,
 }
 DIGEST_METHODS: dict[str, xmlsec.Transform] = {"sha256": T.SHA256, "sha1": T.SHA1}
+# HMAC signature methods -> hashlib names: on the direct paths the MAC is `hmac`'s, no xmlsec key or context.
+HMAC_HASHES = {"hmac-sha256": "sha256", "hmac-sha1": "sha1"}
 DIGEST_NAMES = {t.href: name for name, t in DIGEST_METHODS.items()}
 DIGEST_SIZES = {t.href: hashlib.new(name).digest_size for name, t in DIGEST_METHODS.items()}
 C14N_METHODS: dict[str, xmlsec.Transform] = {t.href: t for t in (T.EXCL_C14N, T.C14N)}
@@ -53,6 +57,7 @@ MAX_TRANSFORMS = 5
 MIN_HMAC_KEY = 16  # bytes; anything shorter is guessable, whoever supplied it
 
 
+@functools.cache  # the hot path names a dozen ds: tags per signature
 def _ds(local: str) -> str:
     return ns.q(ns.DS, local)
 
@@ -322,8 +327,8 @@ def _verify_direct(
     sig: etree._Element,
     elements: list[etree._Element],
     security: etree._Element,
-    key: xmlsec.Key,
-    method: xmlsec.Transform,
+    key: x509.Certificate | bytes,
+    algorithm: str,
     value: bytes,
     optimizations: Optimizations,
 ) -> bool | None:
@@ -346,14 +351,23 @@ def _verify_direct(
             return False
         if memo is not None:
             learned.append(memo)
-    ctx = xmlsec.SignatureContext()
-    ctx.key = key
-    try:
-        ctx.verify_binary(c14n.canonical(info, info_prefixes), method, value)
-    except xmlsec.Error:
+    if not _signature_matches(c14n.canonical(info, info_prefixes), key, algorithm, value):
         optimizations.fell_back()
         return False
     optimizations.verified(learned)
+    return True
+
+
+def _signature_matches(signed_info: bytes, key: x509.Certificate | bytes, algorithm: str, value: bytes) -> bool:
+    """Whether `value` is the signature of the canonical SignedInfo `signed_info` with `key`."""
+    if isinstance(key, bytes):
+        return hmac.compare_digest(hmac.new(key, signed_info, HMAC_HASHES[algorithm]).digest(), value)
+    ctx = xmlsec.SignatureContext()
+    ctx.key = _certificate_key(key)
+    try:
+        ctx.verify_binary(signed_info, SIGNATURE_METHODS[algorithm], value)
+    except xmlsec.Error:
+        return False
     return True
 
 
@@ -382,17 +396,17 @@ def verify(
             )
         _id_attribute(el, ref_id)  # named by wsu:Id or Id, the attributes xmlsec registers (never xml:id...)
         elements.append(el)
+    direct = None
+    if optimizations is not None:
+        direct = _verify_direct(sig, elements, security, key, algorithm, value, optimizations)
+        if direct:
+            return Verified(elements=elements, signature_value=value, algorithm=algorithm)
     xkey = (
         xmlsec.Key.from_binary_data(xmlsec.constants.KeyDataHmac, key)
         if isinstance(key, bytes)
         else _certificate_key(key)
     )
     method = SIGNATURE_METHODS[algorithm]
-    direct = None
-    if optimizations is not None:
-        direct = _verify_direct(sig, elements, security, xkey, method, value, optimizations)
-        if direct:
-            return Verified(elements=elements, signature_value=value, algorithm=algorithm)
     # xmlsec canonicalizes each reference through a node set, per element and PrefixList prefix: bounded first.
     for el, ref in zip(elements, _children(_children(sig)[0])[2:], strict=True):
         prefixes = _prefix_list(ref)
@@ -427,6 +441,22 @@ def _inclusive_prefixes(el: etree._Element, exclude_visible: bool) -> list[str]:
         used = {etree.QName(a).namespace for a in el.attrib if a.startswith("{")}
         prefixes -= {p for p, uri in own.items() if uri in used}
     return sorted("#default" if p is None else p for p in prefixes)
+
+
+# C14N's attribute value escapes (XML C14N 1.0, 2.3); "#" + an id, namespace names and PrefixLists pass these.
+_C14N_ATTRIBUTE = str.maketrans({"&": "&amp;", "<": "&lt;", '"': "&quot;", "\t": "&#x9;", "\n": "&#xA;", "\r": "&#xD;"})
+# Parses the Signer's own canonical SignedInfo (no entities, no DTD: nothing of the message's).
+_TEMPLATE_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, collect_ids=False)
+
+
+def _c14n_attribute(value: str) -> str:
+    return value.translate(_C14N_ATTRIBUTE)
+
+
+def _inclusive(prefixes: list[str]) -> str:
+    """The canonical form of an InclusiveNamespaces element (its parent renders no "ec")."""
+    return (f'<ec:InclusiveNamespaces xmlns:ec="{ns.EXC_C14N}" PrefixList="{_c14n_attribute(" ".join(prefixes))}">'
+            "</ec:InclusiveNamespaces>")  # fmt: skip
 
 
 def _add_inclusive(parent: etree._Element, prefixes: list[str]) -> None:
@@ -466,7 +496,8 @@ def _id_source(root: etree._Element, prefix: str) -> Callable[[], str]:
 
 
 class Signer:
-    """Signs with one key and algorithm; the xmlsec key is built once, so keep one Signer per key."""
+    """Signs with one key and algorithm. An RSA key is parsed into xmlsec once, so keep one Signer per RSA key; an
+    HMAC Signer is cheap (signed directly, it needs no xmlsec key at all)."""
 
     def __init__(self, key: PrivateKey, algorithm: str, digest: str) -> None:
         if algorithm not in SIGNATURE_METHODS or digest not in DIGEST_METHODS:
@@ -477,7 +508,47 @@ class Signer:
         self.digest = digest
         self._method = SIGNATURE_METHODS[algorithm]
         self._digest = DIGEST_METHODS[digest]
-        self._key = _signing_key(key)
+        self._private = key
+        # An RSA key is parsed into xmlsec once, with the route; an HMAC secret only if xmlsec signs the template.
+        self._key = None if isinstance(key, bytes) else _signing_key(key)
+
+    def _xmlsec_key(self) -> xmlsec.Key:
+        return self._key or _signing_key(self._private)
+
+    def _signed_info(
+        self,
+        scope: dict[str | None, str],
+        info_prefixes: list[str],
+        ids: list[str],
+        ref_prefixes: list[list[str]],
+        digests: list[bytes],
+    ) -> bytes | None:
+        """The exclusive canonical form (PrefixList `info_prefixes`) of the SignedInfo this Signer writes, with
+        the namespaces `scope` in scope on it, written out directly: the SignedInfo itself is then parsed from
+        these bytes, which declare everything they render, so the document's SignedInfo canonicalizes to them.
+        None where an "ec" prefix in scope would change how InclusiveNamespaces renders (libxml2 then)."""
+        if "ec" in scope:
+            return None
+        rendered = {"ds": ns.DS, **{p: scope[p] for p in info_prefixes if p != "xml" and p in scope}}
+        out = ["<ds:SignedInfo"]
+        out += [f' xmlns:{p}="{_c14n_attribute(rendered[p])}"' for p in sorted(rendered)]
+        out.append(f'><ds:CanonicalizationMethod Algorithm="{T.EXCL_C14N.href}">{_inclusive(info_prefixes)}')
+        out.append(f'</ds:CanonicalizationMethod><ds:SignatureMethod Algorithm="{self._method.href}">')
+        out.append("</ds:SignatureMethod>")
+        for value, prefixes, got in zip(ids, ref_prefixes, digests, strict=True):
+            out.append(f'<ds:Reference URI="#{_c14n_attribute(value)}"><ds:Transforms>')
+            out.append(f'<ds:Transform Algorithm="{T.EXCL_C14N.href}">{_inclusive(prefixes)}</ds:Transform>')
+            out.append(f'</ds:Transforms><ds:DigestMethod Algorithm="{self._digest.href}"></ds:DigestMethod>')
+            out.append(f"<ds:DigestValue>{base64.b64encode(got).decode()}</ds:DigestValue></ds:Reference>")
+        out.append("</ds:SignedInfo>")
+        return "".join(out).encode()
+
+    def _sign_binary(self, signed_info: bytes) -> bytes:
+        if isinstance(self._private, bytes):
+            return hmac.new(self._private, signed_info, HMAC_HASHES[self.algorithm]).digest()
+        ctx = xmlsec.SignatureContext()
+        ctx.key = self._xmlsec_key()
+        return ctx.sign_binary(signed_info, self._method)
 
     @metrics.timed("signature_creation")
     def sign(
@@ -504,40 +575,62 @@ class Signer:
         fresh = new_id or _id_source(root, id_prefix)
 
         ids = [_ensure_id(el, fresh) for el in elements]
+        sig_id = fresh()
+        info_prefixes = _inclusive_prefixes(security, exclude_visible=False)
+        ref_prefixes = [_inclusive_prefixes(el, exclude_visible=True) for el in elements]
+        direct = optimizations is not None and all(c14n.direct(p) for p in (info_prefixes, *ref_prefixes))
+        digests: list[bytes] = []
+        if direct:
+            assert optimizations is not None
+            # Tokens of the Security header (the Timestamp...) are per message: never worth prehashing. None of
+            # the elements holds the Security header, so the signature added there later changes no digest.
+            digests = [
+                optimizations.digest(el, prefixes, self.digest, cacheable=el.getparent() is not security)
+                for el, prefixes in zip(elements, ref_prefixes, strict=True)
+            ]
+            scope = {**security.nsmap, "ds": ns.DS}  # the namespaces in scope on the SignedInfo
+            template = self._signed_info(scope, info_prefixes, ids, ref_prefixes, digests)
+            if template is not None:
+                try:
+                    value = base64.b64encode(self._sign_binary(template))
+                except xmlsec.Error as exc:
+                    raise faults.server(f"signing failed: {exc}") from None
+                head = f'<ds:Signature xmlns:ds="{ns.DS}" Id="{_c14n_attribute(sig_id)}">'.encode()
+                tail = b"<ds:SignatureValue>" + value + b"</ds:SignatureValue><ds:KeyInfo/></ds:Signature>"
+                sig = etree.fromstring(head + template + tail, _TEMPLATE_PARSER)
+                sig[-1].append(key_info_child)
+                security.append(sig)
+                return sig
         sig = etree.SubElement(security, SIGNATURE, nsmap={"ds": ns.DS})
-        sig.set("Id", fresh())
+        sig.set("Id", sig_id)
         info = etree.SubElement(sig, _ds("SignedInfo"))
         method = etree.SubElement(info, _ds("CanonicalizationMethod"), Algorithm=T.EXCL_C14N.href)
-        info_prefixes = _inclusive_prefixes(security, exclude_visible=False)
         _add_inclusive(method, info_prefixes)
         etree.SubElement(info, _ds("SignatureMethod"), Algorithm=self._method.href)
         digest_values = []
-        for el, value in zip(elements, ids, strict=True):
+        for value, prefixes in zip(ids, ref_prefixes, strict=True):
             ref = etree.SubElement(info, _ds("Reference"), URI=f"#{value}")
             transform = etree.SubElement(
                 etree.SubElement(ref, _ds("Transforms")), _ds("Transform"), Algorithm=T.EXCL_C14N.href
             )
-            prefixes = _inclusive_prefixes(el, exclude_visible=True)
             _add_inclusive(transform, prefixes)
             etree.SubElement(ref, _ds("DigestMethod"), Algorithm=self._digest.href)
-            digest_values.append((etree.SubElement(ref, _ds("DigestValue")), el, prefixes))
+            digest_values.append(etree.SubElement(ref, _ds("DigestValue")))
         signature_value = etree.SubElement(sig, _ds("SignatureValue"))
         etree.SubElement(sig, _ds("KeyInfo")).append(key_info_child)
 
-        ctx = xmlsec.SignatureContext()
-        ctx.key = self._key
-        if optimizations is not None and all(c14n.direct(p) for p in (info_prefixes, *(d[2] for d in digest_values))):
-            for holder, el, prefixes in digest_values:
-                # Tokens of the Security header (the Timestamp...) are per message: never worth prehashing.
-                got = optimizations.digest(el, prefixes, self.digest, cacheable=el.getparent() is not security)
+        if direct:
+            for holder, got in zip(digest_values, digests, strict=True):
                 holder.text = base64.b64encode(got).decode()
             try:
-                value = ctx.sign_binary(c14n.canonical(info, info_prefixes), self._method)
+                value = self._sign_binary(c14n.canonical(info, info_prefixes))
             except xmlsec.Error as exc:
                 security.remove(sig)
                 raise faults.server(f"signing failed: {exc}") from None
             signature_value.text = base64.b64encode(value).decode()
             return sig
+        ctx = xmlsec.SignatureContext()
+        ctx.key = self._xmlsec_key()
         try:
             for el, value in zip(elements, ids, strict=True):
                 name, attr_ns = _id_attribute(el, value)

@@ -198,6 +198,49 @@ def test_direct_signatures_are_xmlsec_signatures(pki: Path, algorithm: str, defa
     assert len(verified.elements) == 3
 
 
+@pytest.mark.parametrize(
+    "quirk", ["ds prefix bound elsewhere and listed", "ec prefix in scope", "Body id C14N escapes", "prefix of 'xml'"]
+)
+@pytest.mark.parametrize("algorithm", ["hmac-sha256", "rsa-sha256"])
+def test_signed_info_written_directly_is_the_one_xmlsec_signs(pki: Path, algorithm: str, quirk: str) -> None:
+    """The Signer writes its canonical SignedInfo as text and parses the signature from it: the bytes it signs
+    must be what xmlsec canonicalizes in the message, whatever the envelope declares above the signature."""
+
+    def signed(optimizations: Optimizations | None, prefix: str) -> etree._Element:
+        env = awkward(prefix)
+        if quirk == "ds prefix bound elsewhere and listed":
+            env.root.set(ns.q("urn:wsgate:not-dsig", "x"), "1")
+            env = Envelope(etree.fromstring(env.serialize().replace(b"ns0:", b"ds:").replace(b"xmlns:ns0", b"xmlns:ds")),
+                           "1.1")  # fmt: skip
+        elif quirk == "ec prefix in scope":
+            env.root.set(ns.q(ns.EXC_C14N, "x"), "1")
+        elif quirk == "Body id C14N escapes":
+            env.body.set(ns.q(ns.WSU, "Id"), 'b&"<\tody')
+        elif quirk == "prefix of 'xml'":
+            env.body.set("{http://www.w3.org/XML/1998/namespace}lang", "en")
+        wssecurity.secure(env, datetime(2030, 1, 1, tzinfo=UTC), timestamp_ttl_s=300, sign=None)
+        security = wssecurity.find_security(env)
+        assert security is not None
+        key: Any = psk(pki) if algorithm.startswith("hmac") else keys.load_private_key(pki / "client.key")
+        signature.Signer(key, algorithm, "sha256").sign(
+            env, security, [env.body, security[0]], keys.key_name("demo-client"), optimizations=optimizations
+        )
+        return find(parse_envelope(env.serialize(), Limits()).root, f".//{{{DS}}}Signature")
+
+    prefix = fresh_prefix()
+    direct = signed(Optimizations(), prefix)
+    value = base64.b64decode(direct.findtext(f"{{{DS}}}SignatureValue") or "")
+    info = direct[0]
+    listed = (info.find(f".//{ns.q(ns.EXC_C14N, 'InclusiveNamespaces')}").get("PrefixList") or "").split()
+    key: Any = psk(pki) if algorithm.startswith("hmac") else keys.load_certificate(pki / "client.pem")
+    assert signature._signature_matches(c14n.canonical(info, listed), key, algorithm, value)  # libxml2's C14N
+    if quirk != "Body id C14N escapes":  # xmlsec takes no such reference URI
+        by_xmlsec = signed(None, prefix)
+        assert value == base64.b64decode(by_xmlsec.findtext(f"{{{DS}}}SignatureValue") or "")
+    if quirk == "ds prefix bound elsewhere and listed":
+        assert "ds" in listed
+
+
 @pytest.mark.parametrize("default_namespace", [False, True])
 def test_awkward_layout_verified(pki: Path, default_namespace: bool) -> None:
     """Verified directly; a PrefixList naming "#default" is left to xmlsec (neither verified nor a fallback)."""
