@@ -24,6 +24,8 @@ cache (Algorithm 1) and of prehashing (2.4)."""
 from __future__ import annotations
 
 import hashlib
+import re
+from collections import Counter
 from collections.abc import Sequence
 
 from lxml import etree
@@ -81,11 +83,14 @@ def _marked(el: etree._Element, form: bytes, prefixes: Sequence[str]) -> bytes |
     apply. On `el`, not a copy parsed from `form`: the parse cost twice the C14N on a 1 KB Body."""
     in_scope = el.nsmap
     uris = list(in_scope.values())
+    # One pass over `form` for every listed prefix: a count per prefix cost a scan of the body each (30 listed
+    # prefixes over 320 KB: 13 ms).
+    declarations = Counter(_DECLARATION.findall(form))
     listed = []
     for prefix in dict.fromkeys(prefixes):
         # `xmlns:p="` occurs once in `form` (on the apex) for a prefix in scope, never for one that is not, unless
         # an element below binds it (or text quotes it): the slow way then. A prefix bound nowhere renders nothing.
-        declared = form.count(f"xmlns:{prefix}=".encode())
+        declared = declarations[prefix.encode()]
         if prefix == "xml" or declared == 0:
             continue
         uri = in_scope.get(prefix)
@@ -109,6 +114,9 @@ def _marked(el: etree._Element, form: bytes, prefixes: Sequence[str]) -> bytes |
             return None
         out = out[:at] + out[at + len(marker) :]
     return out
+
+
+_DECLARATION = re.compile(rb"xmlns:([^\s=]+)=")
 
 
 def _mark(uri: str) -> str:
