@@ -122,10 +122,10 @@ class Worker:
 
     def _count(self, fault: faults.Fault, label: tuple[str, str], phase: str, route_name: str) -> None:
         reason = faults.metric_reason(fault)
-        metrics.REQUESTS.labels(*label, phase, "fault").inc()
-        metrics.FAULTS.labels(*label, reason).inc()
+        metrics.series(metrics.REQUESTS, *label, phase, "fault").inc()
+        metrics.series(metrics.FAULTS, *label, reason).inc()
         if fault.reason.startswith("replay"):
-            metrics.REPLAYS.labels(*label).inc()
+            metrics.series(metrics.REPLAYS, *label).inc()
         log.warning("refused route=%s phase=%s code=%s reason=%s", route_name, phase, reason, fault.reason)
 
     def handle(
@@ -148,13 +148,13 @@ class Worker:
             if out.replay:
                 p.replay = out.replay
                 check = (_replay_url(p.pipeline), [(k.name, k.px) for k in out.replay])
-            metrics.REQUESTS.labels(*p.label, phase, "ok").inc()
+            metrics.series(metrics.REQUESTS, *p.label, phase, "ok").inc()
         except faults.Fault as fault:
             self._count(fault, p.label, phase, route_name)
             return self._fault(fault, p)
         except Exception:
             log.exception("internal error on route %s", route_name)
-            metrics.REQUESTS.labels(*p.label, phase, "error").inc()
+            metrics.series(metrics.REQUESTS, *p.label, phase, "error").inc()
             return self._fault(REFUSALS["internal"], p)
         if out.answer:
             assert out.body is not None
