@@ -119,7 +119,9 @@ class _State:
     secret_by_sha1: dict[str, bytes] = field(default_factory=dict)  # EncryptedKeys by EncryptedKeySHA1
     decrypted: list[tuple[etree._Element, list[etree._Element], bool]] = field(default_factory=list)
     derived_ids: set[str] = field(default_factory=set)  # DerivedKeyTokens, by wsu:Id, whose keys are in secret_by_id
-    decrypted_with: dict[int, bytes] = field(default_factory=dict)  # id() of an element decrypted whole -> its key
+    # An element decrypted whole -> its key. Keyed by the element (identity), not id(): the key keeps the proxy
+    # alive, so a later lookup of the same node finds it and no other node can take its id.
+    decrypted_with: dict[etree._Element, bytes] = field(default_factory=dict)
     username_token: etree._Element | None = None  # the header's one UsernameToken, authenticated after the walk
     username_key: bytes | None = None  # the key it arrived encrypted under
     scts: dict[str, sc.Sct] = field(default_factory=dict)
@@ -217,7 +219,7 @@ def _username_token(st: _State, el: etree._Element) -> bool:
         raise faults.security("InvalidSecurity", "UsernameToken sent to a route without users")
     if st.req.username_token.protection == "encrypted":
         # EncryptedSupportingTokens: a token that came readable may have been captured; refused before any check.
-        st.username_key = st.decrypted_with.get(id(el))
+        st.username_key = st.decrypted_with.get(el)
         if st.username_key is None:
             raise faults.security("InvalidSecurity", "UsernameToken not encrypted (protection: encrypted)")
     st.username_token = el
@@ -294,7 +296,7 @@ def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
     st.decrypted.append((parent, landing, was_signed))
     for node in landing:
         if node is not parent:  # Type Element: this element itself was encrypted
-            st.decrypted_with[id(node)] = secret
+            st.decrypted_with[node] = secret
     if parent is st.env.body:
         st.out.decrypted_body = True
 
