@@ -5,7 +5,8 @@
 //! the timeout refuses the message (fail closed). Same keys as the engine's own Redis store (filters/replay.py).
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
@@ -34,55 +35,93 @@ impl Sight {
     }
 }
 
-/// One multiplexed connection per Redis URL, opened on first use and dropped after any failure, so that a
-/// Redis that came back is reached again by the next exchange. Commands are never retried: a SET NX retried
-/// after a lost reply would report its own first attempt as a replay.
-#[derive(Default)]
+/// One multiplexed connection per Redis URL, opened on first use and dropped after any failure. A connection
+/// kept from before Redis restarted fails on its next use; that exchange is sent once more on a new connection,
+/// so a Redis that came back serves the very next message. Each exchange sets its keys to a value of its own
+/// (`SET key value NX PX ttl GET`, Redis 7), so a retry that finds its own first attempt's value (the reply was
+/// lost, the key was set) still counts as a first sight, and any other value as a replay.
 pub struct Stores {
     connections: Mutex<HashMap<String, (u64, MultiplexedConnection)>>,
-    opened: std::sync::atomic::AtomicU64,
+    opened: AtomicU64,
+    exchanges: AtomicU64,
+    instance: String, // this process and its start: no other worker, nor this one restarted, writes the same value
+}
+
+impl Default for Stores {
+    fn default() -> Self {
+        let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        Stores {
+            connections: Mutex::default(),
+            opened: AtomicU64::new(0),
+            exchanges: AtomicU64::new(0),
+            instance: format!("{}.{started}", std::process::id()),
+        }
+    }
 }
 
 impl Stores {
     /// Set every key (name, TTL in ms) in the Redis at `url`; `First` only when each one was new.
     pub async fn first_sight(&self, url: &str, keys: &[(Vec<u8>, u64)]) -> Sight {
-        let (generation, mut connection) = match timeout(TIMEOUT, self.connection(url)).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Sight::Unavailable(describe(&e)),
-            Err(_) => return Sight::Unavailable("connect timed out".into()),
-        };
+        // The same key twice in one message is a replay of itself (Redis would answer the second with our value).
+        if let Some(i) = (1..keys.len()).find(|&i| keys[..i].iter().any(|(k, _)| *k == keys[i].0)) {
+            return Sight::Replayed(i);
+        }
+        let value = format!("{}.{}", self.instance, self.exchanges.fetch_add(1, Ordering::Relaxed));
         let mut pipe = redis::pipe();
         for (name, px) in keys {
-            pipe.cmd("SET").arg(name.as_slice()).arg("1").arg("NX").arg("PX").arg(*px);
+            pipe.cmd("SET").arg(name.as_slice()).arg(&value).arg("NX").arg("PX").arg(*px).arg("GET");
         }
+        let mut sight = self.send(url, &pipe, keys.len(), &value).await;
+        if let Err(Failure::Stale(_)) = sight {
+            sight = self.send(url, &pipe, keys.len(), &value).await;
+        }
+        sight.unwrap_or_else(|failure| match failure {
+            Failure::Stale(why) | Failure::Other(why) => Sight::Unavailable(why),
+        })
+    }
+
+    async fn send(&self, url: &str, pipe: &redis::Pipeline, count: usize, value: &str) -> Result<Sight, Failure> {
+        let (generation, fresh, mut connection) = match timeout(TIMEOUT, self.connection(url)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(Failure::Other(describe(&e))),
+            Err(_) => return Err(Failure::Other("connect timed out".into())),
+        };
         let replies = match timeout(TIMEOUT, pipe.query_async::<Vec<Value>>(&mut connection)).await {
-            Ok(Ok(replies)) if replies.len() == keys.len() => replies,
+            Ok(Ok(replies)) if replies.len() == count => replies,
             failed => {
                 self.forget(url, generation).await;
-                return Sight::Unavailable(match failed {
-                    Ok(Err(e)) => describe(&e),
-                    Ok(Ok(_)) => "wrong number of replies".into(),
-                    Err(_) => "timed out".into(),
+                return Err(match failed {
+                    // Only a connection opened before this exchange, found closed, is worth a second try.
+                    Ok(Err(e)) if !fresh && e.is_connection_dropped() => Failure::Stale(describe(&e)),
+                    Ok(Err(e)) => Failure::Other(describe(&e)),
+                    Ok(Ok(_)) => Failure::Other("wrong number of replies".into()),
+                    Err(_) => Failure::Other("timed out".into()),
                 });
             }
         };
-        // SET NX answers OK when it set the key, nil when the key was there.
-        match replies.iter().position(|r| matches!(r, Value::Nil)) {
+        // SET NX GET answers nil when it set the key, else the value that was there.
+        let seen_before = |r: &Value| match r {
+            Value::Nil => false,
+            Value::BulkString(v) => v.as_slice() != value.as_bytes(),
+            _ => true,
+        };
+        Ok(match replies.iter().position(seen_before) {
             Some(i) => Sight::Replayed(i),
             None => Sight::First,
-        }
+        })
     }
 
-    async fn connection(&self, url: &str) -> redis::RedisResult<(u64, MultiplexedConnection)> {
+    /// The connection to `url`, its generation, and whether it was opened just now.
+    async fn connection(&self, url: &str) -> redis::RedisResult<(u64, bool, MultiplexedConnection)> {
         let mut connections = self.connections.lock().await;
         if let Some((generation, c)) = connections.get(url) {
-            return Ok((*generation, c.clone()));
+            return Ok((*generation, false, c.clone()));
         }
         let config = AsyncConnectionConfig::new().set_connection_timeout(TIMEOUT).set_response_timeout(TIMEOUT);
         let connection = redis::Client::open(url)?.get_multiplexed_async_connection_with_config(&config).await?;
-        let generation = self.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let generation = self.opened.fetch_add(1, Ordering::Relaxed);
         connections.insert(url.to_owned(), (generation, connection.clone()));
-        Ok((generation, connection))
+        Ok((generation, true, connection))
     }
 
     /// Drop the connection that failed, unless another exchange already replaced it.
@@ -92,6 +131,11 @@ impl Stores {
             connections.remove(url);
         }
     }
+}
+
+enum Failure {
+    Stale(String), // a kept connection found closed: the exchange may be sent once more on a new one
+    Other(String),
 }
 
 fn describe(e: &redis::RedisError) -> String {
@@ -186,6 +230,33 @@ mod tests {
         assert!(matches!(stores.first_sight(&url, &keys(&["sig:b"])).await, Sight::Unavailable(_)));
         let _redis = Redis::start(port);
         assert_eq!(stores.first_sight(&url, &keys(&["sig:b"])).await, Sight::First);
+    }
+
+    #[tokio::test]
+    async fn a_redis_restarted_under_a_kept_connection_serves_the_next_message() {
+        let port = free_port();
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let stores = Stores::default();
+        let redis = Redis::start(port);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"])).await, Sight::First);
+        drop(redis); // restarted while this worker's connection was open and idle
+        let _redis = Redis::start(port);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"])).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"])).await, Sight::Replayed(0));
+    }
+
+    #[tokio::test]
+    async fn a_retry_that_finds_its_own_value_is_a_first_sight_and_any_other_value_a_replay() {
+        let redis = Redis::start(free_port());
+        let stores = Stores::default();
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET").arg("sig:lost").arg("mine").arg("NX").arg("PX").arg(60_000).arg("GET");
+        // As if the first attempt had set the key and its reply was lost.
+        assert_eq!(stores.send(&redis.url(), &pipe, 1, "mine").await.ok(), Some(Sight::First));
+        assert_eq!(stores.send(&redis.url(), &pipe, 1, "mine").await.ok(), Some(Sight::First));
+        assert_eq!(stores.send(&redis.url(), &pipe, 1, "theirs").await.ok(), Some(Sight::Replayed(0)));
+        // A key the engine's own store set ("1") is a replay too.
+        assert_eq!(Stores::default().first_sight(&redis.url(), &keys(&["sig:lost"])).await, Sight::Replayed(0));
     }
 
     #[tokio::test]
