@@ -73,6 +73,7 @@ REASON_CLASSES: tuple[tuple[str, str], ...] = (
     ("busy", "busy"),
     ("body too large", "body too large"),
     ("backend response refused", "backend response refused"),
+    ("schema invalid", "schema"),
     ("content-length not a number", "content-length not a number"),
     ("request without a body", "request without a body"),
     ("method ", "method not allowed"),

@@ -138,6 +138,7 @@ class SecuredPipeline(RoutePipeline):
         """The verified request as the backend gets it: unsigned header blocks handled as the route says, and
         who sent it in the identity header."""
         route = self.route
+        self.validate(env, request=True)  # the Security header gone, the Body's wsu:Id stripped
         header_blocks.enforce(env, verified.covers, route.unsigned_headers, headers)
         ex.security = verified
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
@@ -149,6 +150,7 @@ class SecuredPipeline(RoutePipeline):
     def response(self, body: bytes, ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_response(body)
+        self.validate(env, request=False)
         if env.is_fault() and not route.secure_faults:
             return forward(env, None)
         assert isinstance(ex.security, wssecurity.Verified)

@@ -49,6 +49,29 @@ def parser(**options: object) -> etree.XMLParser:
     return _refusing(etree.XMLParser(**{**OPTIONS, **options}))
 
 
+class _FromMemory(etree.Resolver):
+    """Answers the names of documents held in memory, and refuses everything else."""
+
+    def __init__(self, documents: dict[str, bytes]) -> None:
+        super().__init__()
+        self.documents = documents
+
+    def resolve(self, system_url: str | None, public_id: str | None, context: object) -> object:
+        data = self.documents.get(system_url or "")
+        if data is None:
+            raise ExternalResourceRefused(f"external resource {str(system_url)[:120]!r}")
+        return self.resolve_string(data, context, base_url=system_url)
+
+
+def memory_parser(documents: dict[str, bytes]) -> etree.XMLParser:
+    """A parser (OPTIONS) whose loads, e.g. a schema's imports, are answered from `documents` (name -> bytes)
+    only. Its one resolver refuses the rest: lxml asks a parser's resolvers in no fixed order, so a refusing
+    resolver beside it would sometimes answer first."""
+    made = etree.XMLParser(**OPTIONS)
+    made.resolvers.add(_FromMemory(documents))
+    return made
+
+
 def pull_parser(events: tuple[str, ...], **options: object) -> etree.XMLPullParser:
     """An incremental parser with the same hardening, reporting `events`."""
     return _refusing(etree.XMLPullParser(events=events, **{**OPTIONS, **options}))

@@ -228,6 +228,28 @@ class SecureConversationOptions(Strict):
     master_keys_file: str = "certs/out/sct-master-keys.yaml"
 
 
+class WsdlPolicy(Strict):
+    """The service's WSDL 1.1, a local file (its imports resolved from files in its directory only, never the
+    network: filters/wsdl.py). `publish`: served at the route's path with `?wsdl` (README "The published WSDL")."""
+
+    file: str
+    publish: bool = False
+
+
+class SchemaValidation(Strict):
+    """Payloads (the Body's children) validated against the WSDL's types and `xsd_files`
+    (filters/schema_validation.py): requests after their security is processed, responses before they are
+    secured."""
+
+    requests: bool = False
+    responses: bool = False
+    xsd_files: list[str] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.requests or self.responses
+
+
 class Route(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
     match: Match
@@ -250,6 +272,8 @@ class Route(Strict):
     # for a pre-shared key, the context's subject (secureconversation), or `anonymous` (hmac.allow_anonymous).
     identity_header: str | None = Field(default="x-wsgate-subject", pattern=HEADER_NAME)
     secure_faults: bool = True  # sign/encrypt backend faults like other responses
+    wsdl: WsdlPolicy | None = None
+    schema_validation: SchemaValidation = SchemaValidation()
 
     @property
     def touches_xml(self) -> bool:
@@ -268,6 +292,16 @@ class Route(Strict):
     @property
     def accepts_username_tokens(self) -> bool:
         return self.profile in ("hmac", "rsa", "secureconversation") and self.username_token.users_file is not None
+
+    @model_validator(mode="after")
+    def _schema_source(self) -> Route:
+        if not self.schema_validation.enabled:
+            return self
+        if self.wsdl is None and not self.schema_validation.xsd_files:
+            raise FieldError("schema_validation", "validation needs a schema: wsdl.file or xsd_files")
+        if not self.touches_xml:
+            raise FieldError("schema_validation", f"the {self.profile} profile does not read messages: no validation")
+        return self
 
     @model_validator(mode="after")
     def _username_token_protected(self) -> Route:
@@ -310,6 +344,9 @@ class Edge(Strict):
     # Proxies in front of the gateway whose x-forwarded-for/-proto are believed; 0: the client is the peer and
     # every x-forwarded-* / forwarded header it sends is dropped, Envoy writes its own.
     xff_num_trusted_hops: int = Field(default=0, ge=0, le=10)
+    # The gateway's URL as clients reach it (scheme, host, port; no path), written into published WSDLs. Never
+    # the request's Host header (the client chooses it). None: the listener's own address (README).
+    public_url: str | None = Field(default=None, pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 
 
 class PolicyFile(Strict):
@@ -438,6 +475,33 @@ def load_dir(directory: Path | str) -> PolicySet:
                 f"{sources[r.name]}: route {r.name}: field upstream.timeout_s: {r.upstream.timeout_s:g} s is not below "
                 f"edge.stream_idle_timeout_s ({edge.stream_idle_timeout_s:g} s): the stream would idle out first"
             )
+    if edge.public_url and edge.public_url.startswith("http:"):
+        errors += [
+            f"{sources[r.name]}: route {r.name}: field wsdl.publish: served over HTTPS only, but edge.public_url is "
+            "http: the published address would not work"
+            for r in routes
+            if r.wsdl and r.wsdl.publish and r.https_only
+        ]
+    errors += [f"{sources[r.name]}: route {r.name}: {e}" for r in routes for e in _document_errors(r)]
     if errors:
         raise PolicyError("\n".join(errors))
     return PolicySet(routes=routes, sources=sources, edge=edge)
+
+
+def _document_errors(route: Route) -> list[str]:
+    """The route's WSDL and XSDs read and its schema compiled, as the filter workers will: a reference to the
+    network or outside the file's directory, a DTD, a schema that does not compile is a policy error."""
+    from filters import schema_validation, wsdl  # the engine's modules; they do not import policies back
+
+    if route.wsdl is None and not route.schema_validation.enabled:
+        return []
+    field = "wsdl.file" if route.wsdl else "schema_validation.xsd_files"
+    try:
+        if route.schema_validation.enabled:
+            field = "schema_validation"
+            schema_validation.for_route(route)
+        elif route.wsdl:
+            wsdl.load(route.wsdl.file)
+    except wsdl.DocumentError as exc:
+        return [f"field {field}: {exc}"]
+    return []

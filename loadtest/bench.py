@@ -830,7 +830,7 @@ _DICTS = ("stages_ms", "paced_stages_ms", "extproc_ms", "faults", "envoy_problem
 CSV_FIELDS = [f for f in Point.__dataclass_fields__ if f not in _DICTS]
 # Exclusive times (filters/metrics.py): security_header and secure are what is left of the header's processing
 # and building once the finer stages inside them are counted apart.
-STAGES = ("parse", "decrypt", "c14n", "digest", "signature_check", "replay", "security_header",
+STAGES = ("parse", "decrypt", "c14n", "digest", "signature_check", "replay", "security_header", "schema",
           "signature_creation", "encryption", "secure", "serialize")  # fmt: skip
 
 
