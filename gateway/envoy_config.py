@@ -14,7 +14,9 @@ from typing import Any
 
 import yaml
 
-from gateway.policy import Edge, PolicySet, Route
+from filters.wsdl import DocumentError
+from gateway import wsdl_publish
+from gateway.policy import Edge, PolicyError, PolicySet, Route
 
 EXT_PROC = "envoy.filters.http.ext_proc"
 RBAC = "envoy.filters.http.rbac"
@@ -150,9 +152,49 @@ _DISABLED = {EXT_PROC: {"@type": "type.googleapis.com/envoy.extensions.filters.h
 
 
 _POST = {"name": ":method", "string_match": {"exact": "POST"}}
+_GET_OR_HEAD = {"name": ":method", "string_match": {"safe_regex": {"regex": "GET|HEAD"}}}
+
+Published = dict[str, list[wsdl_publish.Document]]  # route name -> its published WSDL documents
 
 
-def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
+def _published(policies: PolicySet, topo: Topology) -> Published:
+    out: Published = {}
+    for r in policies.routes:
+        if r.wsdl and r.wsdl.publish:
+            base = wsdl_publish.base_url(r, policies.edge, topo.bind, topo.http_port, topo.https_port)
+            try:
+                out[r.name] = wsdl_publish.documents(r, base)
+            except DocumentError as exc:
+                raise PolicyError(f"{policies.sources[r.name]}: route {r.name}: field wsdl.file: {exc}") from None
+    return out
+
+
+def _wsdl_entries(route: Route, docs: list[wsdl_publish.Document], per_filter: dict[str, Any]) -> list[dict[str, Any]]:
+    """GET/HEAD on the route's own path with ?wsdl, ?wsdl=n or ?xsd=n: answered by Envoy from the rendered
+    document. Any other method falls through to the route (a POST with ?wsdl is an ordinary secured request)."""
+    return [
+        {
+            "name": f"{route.name}-wsdl",
+            "match": {
+                "path": route.match.path_prefix,
+                "case_sensitive": False,
+                "headers": [_GET_OR_HEAD],
+                "query_parameters": [{"name": d.query, "string_match": {"exact": d.value}}],
+            },
+            "direct_response": {"status": 200, "body": {"inline_string": d.body.decode()}},
+            "response_headers_to_add": [
+                {
+                    "header": {"key": "content-type", "value": wsdl_publish.CONTENT_TYPE},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                }
+            ],
+            "typed_per_filter_config": per_filter,
+        }
+        for d in docs
+    ]
+
+
+def _route_entries(route: Route, tls_listener: bool, published: Published) -> list[dict[str, Any]]:
     """Envoy routes for one policy route (two when a SOAPAction is matched: the 1.1 header or the 1.2 action)."""
     matches: list[dict[str, Any]] = []
     # Case-insensitive: a backend that ignores case (IIS) must not read /RSA/ as a route Envoy did not choose.
@@ -184,6 +226,8 @@ def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
                      "typed_per_filter_config": _DISABLED} for m in matches]  # fmt: skip
         matches = [{**m, "headers": [*m.get("headers", []), _POST]} for m in matches]
     entries = []
+    if route.name in published and (tls_listener or not route.https_only):
+        entries += _wsdl_entries(route, published[route.name], _access(route))
     for m in matches:
         entry: dict[str, Any] = {"name": route.name, "match": m}
         if route.https_only and not tls_listener:
@@ -196,21 +240,12 @@ def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
         if route.touches_xml:
             # The filter needs whole bodies: Envoy buffers up to this route's own limit (413 or 502 beyond).
             entry["request_body_buffer_limit"] = max(route.limits.max_body_bytes, route.response_limits.max_body_bytes)
-        per_filter: dict[str, Any] = dict(_DISABLED)
+        per_filter = _access(route)
         if route.touches_xml:
             per_filter[EXT_PROC] = {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
                 "overrides": {"grpc_initial_metadata": [{"key": ROUTE_METADATA, "value": route.name}]},
             }
-        if route.tls.require_client_certificate:
-            # Client certificates are verified at the handshake when sent; this route refuses connections without one.
-            per_filter[RBAC] = {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBACPerRoute",
-                "rbac": {"rules": {"action": "ALLOW", "policies": {"client-certificate": {
-                    "permissions": [{"any": True}],
-                    "principals": [{"authenticated": {"principal_name": {"safe_regex": {"regex": ".+"}}}}],
-                }}}},
-            }  # fmt: skip
         entry["typed_per_filter_config"] = per_filter
         if route.tls.subject_header and tls_listener:
             entry["request_headers_to_remove"] = [route.tls.subject_header]
@@ -222,6 +257,21 @@ def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
             entry["request_headers_to_remove"] = [route.tls.subject_header]
         entries.append(entry)
     return entries + refusals
+
+
+def _access(route: Route) -> dict[str, Any]:
+    """Per-route filter settings before the route's own processing: no ext_proc, and the client certificate a
+    route requires (verified at the handshake when sent; RBAC refuses connections without one)."""
+    per_filter: dict[str, Any] = dict(_DISABLED)
+    if route.tls.require_client_certificate:
+        per_filter[RBAC] = {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBACPerRoute",
+            "rbac": {"rules": {"action": "ALLOW", "policies": {"client-certificate": {
+                "permissions": [{"any": True}],
+                "principals": [{"authenticated": {"principal_name": {"safe_regex": {"regex": ".+"}}}}],
+            }}}},
+        }  # fmt: skip
+    return per_filter
 
 
 # Envoy normalizes before routing: dot segments (also %2e and `..;`) removed, percent-encoded unreserved characters
@@ -287,13 +337,15 @@ def _edge_settings(edge: Edge) -> dict[str, Any]:
     }
 
 
-def _http_connection_manager(policies: PolicySet, topo: Topology, tls_listener: bool) -> dict[str, Any]:
+def _http_connection_manager(
+    policies: PolicySet, topo: Topology, tls_listener: bool, published: Published
+) -> dict[str, Any]:
     name = "https" if tls_listener else "http"
     refused = {"name": "ambiguous-path", "match": {"safe_regex": {"regex": AMBIGUOUS_PATH}},
                "direct_response": {"status": 400}, "typed_per_filter_config": _DISABLED}  # fmt: skip
     # The most specific match first, whatever the file order: a `none` route on `/` never shadows `/rsa/`.
     ordered = sorted(policies.routes, key=lambda r: (-len(r.match.path_prefix), r.match.soap_action is None))
-    routes = [refused, *(e for r in ordered for e in _route_entries(r, tls_listener))]
+    routes = [refused, *(e for r in ordered for e in _route_entries(r, tls_listener, published))]
     # Anything no policy names is answered here, as a SOAP fault, and never reaches the filter or a backend.
     routes.append({
         "name": "no-policy",
@@ -355,6 +407,7 @@ def _http_connection_manager(policies: PolicySet, topo: Topology, tls_listener: 
             "route_config": {
                 "name": f"{name}_routes",
                 "virtual_hosts": [{"name": "soap", "domains": ["*"], "routes": routes}],
+                **_direct_response_limit(published),
             },
             "local_reply_config": _local_reply_config(),
             "access_log": [
@@ -371,17 +424,26 @@ def _http_connection_manager(policies: PolicySet, topo: Topology, tls_listener: 
     }
 
 
+def _direct_response_limit(published: Published) -> dict[str, Any]:
+    """Envoy answers at most 4 KB from a route unless told: the largest published document."""
+    sizes = [len(d.body) for docs in published.values() for d in docs]
+    return {"max_direct_response_body_size_bytes": max(sizes)} if sizes else {}
+
+
 def _max_body(policies: PolicySet) -> int:
     return max(max(r.limits.max_body_bytes, r.response_limits.max_body_bytes) for r in policies.routes)
 
 
 def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
     buffer_limit = CONNECTION_BUFFER_BYTES
+    published = _published(policies, topo)
     plain = {
         "name": "http",
         "address": _address(f"{topo.bind}:{topo.http_port}"),
         "per_connection_buffer_limit_bytes": buffer_limit,
-        "filter_chains": [{"filters": [_http_connection_manager(policies, topo, tls_listener=False)]}],
+        "filter_chains": [
+            {"filters": [_http_connection_manager(policies, topo, tls_listener=False, published=published)]}
+        ],
     }
     certs = topo.certs_dir
     tls = {
@@ -390,7 +452,7 @@ def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
         "per_connection_buffer_limit_bytes": buffer_limit,
         "filter_chains": [
             {
-                "filters": [_http_connection_manager(policies, topo, tls_listener=True)],
+                "filters": [_http_connection_manager(policies, topo, tls_listener=True, published=published)],
                 "transport_socket": {
                     "name": "envoy.transport_sockets.tls",
                     "typed_config": {
