@@ -185,7 +185,7 @@ def test_public_url_from_policy_and_https_only_routes(tmp_path: Path, pki: Path)
     # An http public URL for a route served over HTTPS only would publish an address that answers 426.
     write_policies(tmp_path / "p", [{**route_doc(pki, "tls", name="t"), "upstream": {"address": "127.0.0.1:1"},
                                     "wsdl": PUBLISHED}], edge={"public_url": "http://soap.example.com"})  # fmt: skip
-    with pytest.raises(PolicyError, match="edge.public_url is http"):
+    with pytest.raises(PolicyError, match=r"edge\.public_url is http"):
         load_dir(tmp_path / "p")
 
 
@@ -228,9 +228,7 @@ def test_zeep_client_from_published_wsdl_soap12_port(need_zeep: None, gw: Any) -
     assert service.echo(text=["over SOAP 1.2"]) == ["over SOAP 1.2"]
 
 
-def test_zeep_binary_signature_through_secured_route_from_published_wsdl(
-    need_zeep: None, gw: Any, pki: Path
-) -> None:
+def test_zeep_binary_signature_through_secured_route_from_published_wsdl(need_zeep: None, gw: Any, pki: Path) -> None:
     requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)
     history = HistoryPlugin()
     sign = SignWithClientVerifyGateway(zeep_signer(pki, sha256=True), (pki / "gateway-sign.pem").read_bytes())
