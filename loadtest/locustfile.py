@@ -246,6 +246,10 @@ class XmlUser(WsgateUser):
     profile = "xml"
 
 
+class XmlSchemaUser(WsgateUser):
+    profile = "xml-schema"
+
+
 class HmacUser(WsgateUser):
     profile = "hmac"
 

@@ -57,6 +57,7 @@ PROFILES: dict[str, Profile] = {
         Profile("none", "plain"),
         Profile("tls", "tls", tls=True),
         Profile("xml", "xml"),
+        Profile("xml-schema", "xml-schema"),
         Profile("hmac", "hmac", secured=True),
         Profile("rsa", "rsa", secured=True),
         Profile("rsa-encrypted", "rsa-encrypted", secured=True),

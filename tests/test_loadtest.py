@@ -98,6 +98,8 @@ def test_factory_messages_accepted_once(gw, pki: Path) -> None:
         ("rsa-encrypted", "large"),
         ("hmac", "huge"),
         ("xml", "large"),
+        ("xml-schema", "huge"),  # the 1 MB query result validated against gateway/demo.xsd
+        ("xml-schema", "large"),
         ("secureconversation", "small"),
     ]:
         factory = Factory(profile, gw.opts.policies, certs=pki)
