@@ -38,8 +38,9 @@ def rewrite(definitions: etree._Element, route: Route) -> None:
     if not bindings:
         return
     policy_id = f"WSGate-{route.name}"
-    policy = _element("wsp:Policy", {f"{{{WSU}}}Id": policy_id}, [_element("wsp:ExactlyOne", {}, [_all(route)])])
-    etree.cleanup_namespaces(policy, top_nsmap={"wsp": WSP, "sp": SP, "wsu": WSU})
+    policy = etree.Element(f"{{{WSP}}}Policy", {f"{{{WSU}}}Id": policy_id}, nsmap={"wsp": WSP, "sp": SP, "wsu": WSU})
+    policy.append(_element("wsp:ExactlyOne", {}, [_all(route)]))
+    etree.cleanup_namespaces(policy)
     documentation = definitions.find(f"{{{WSDL}}}documentation")
     definitions.insert(0 if documentation is None else definitions.index(documentation) + 1, policy)
     for binding in bindings:
