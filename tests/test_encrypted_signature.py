@@ -361,3 +361,10 @@ def test_every_way_the_signature_fails_to_decrypt_looks_the_same(gw: Any, pki: P
         r = refused(gw, wss4j_encrypted_signature(pki, "x", signature_cipher=cipher), "FailedCheck")
         answers.add(r.content)
     assert len(answers) == 1, answers
+
+
+def test_encrypt_signature_needs_the_reply_body_encrypted(pki: Path) -> None:
+    """The Signature is encrypted with the Body, under the same key: alone it would name nothing to encrypt with."""
+    doc = {**route_doc(pki, "rsa", encryption={"encrypt_signature": True}), "upstream": {"address": "127.0.0.1:1"}}
+    with pytest.raises(ValueError, match="encrypt_signature needs encrypt_response"):
+        Route.model_validate(doc)
