@@ -190,3 +190,25 @@ def test_the_checker_catches_what_earlier_versions_sent(pki: Path, gw: Any) -> N
     security.insert(0, security.find(bsp.SIGNATURE))
     with pytest.raises(AssertionError):
         assert_layout(etree.tostring(root))
+
+
+def test_the_checker_catches_misplaced_and_unlisted_encryption(pki: Path, gw: Any) -> None:
+    """An EncryptedKey after the EncryptedData its list names (R3208), an EncryptedData no list names and with no
+    KeyInfo (R3231/R3214, R5629), a PrefixList that misses a prefix in scope (R5405)."""
+    client = Client(route_of(gw, pki, "rsa-username"), ClientConfig(certs=pki, user="bob",
+                                                                      password="bob-demo-password"))  # fmt: skip
+    root = etree.fromstring(client.secure(echo())[0])
+    security = root.find(f".//{bsp.SECURITY}")
+    ek = security.find(bsp.EK)
+    security.append(ek)
+    found = {v.split(":")[0] for v in bsp.violations(etree.tostring(root))}
+    assert "r3208_encrypted_key_precedes_its_data" in found
+    ek.remove(ek.find(bsp.REFERENCE_LIST))
+    for inclusive in security.iter(bsp.INCLUSIVE):
+        inclusive.set("PrefixList", "")
+    found = {v.split(":")[0] for v in bsp.violations(etree.tostring(root))}
+    assert {
+        "r3231_r3214_every_encrypted_data_listed",
+        "r5629_unlisted_encrypted_data_has_key_info",
+        "r5407_r5405_r5408_inclusive_namespaces",
+    } <= found
