@@ -2,7 +2,7 @@
 
 One function per rule, named by its id, its docstring the rule's text (as WSS4J's BSPRule enum words it). Each
 takes the parsed message and returns the violations it found. `violations(message)` runs them all; which rules
-are here and which are not (with the reason) is in the notes (bsp.md) and in LEFT_OUT below.
+are here and which are left out (with the reason) is in the README's BSP section.
 
 What the checker sees is the message on the wire: an encrypted part's rules are checked on its EncryptedData,
 and a Signature sent encrypted is checked on the same message sent with its Signature in the clear (the
@@ -519,15 +519,10 @@ def r5440_no_encrypted_data_in_a_signature(m: Message) -> list[str]:
 # --- Encryption ---------------------------------------------------------------------------------------------
 
 
-def _header_of(m: Message) -> etree._Element | None:
-    body = m.root.find(ns.q(etree.QName(m.root).namespace, "Header"))
-    return body
-
-
 @rule
 def r3228_no_encrypted_data_header_block(m: Message) -> list[str]:
     """A soap:Header element in a SECURE_ENVELOPE MUST NOT contain any child ENCRYPTED_DATA."""
-    header = _header_of(m)
+    header = m.root.find(ns.q(etree.QName(m.root).namespace, "Header"))
     return ["EncryptedData as a header block" for c in (header if header is not None else []) if c.tag == ED]
 
 
@@ -708,22 +703,6 @@ def r4214_r4215_references_to_username_tokens(m: Message) -> list[str]:
         if target is not None and target.tag == UT and ref.get("ValueType") != ut_type:
             out.append("reference to a UsernameToken with another ValueType")
     return out
-
-
-LEFT_OUT = {
-    "R5420, R5421": "SHOULD use SHA-1 / rsa-sha1, hmac-sha1: WSGate signs with SHA-256 (SHA-1 is broken for "
-    "collisions); WSS4J does not enforce them",
-    "R3002": "references to elements without an ID: WSGate gives every signed element a wsu:Id (R3005 checks it)",
-    "R5414, R5415": "receiver rules (PrefixList order, whitespace): the engine's C14N reads any order and spacing",
-    "R3024, R3066, R3067, R3064, R3023, R3025, R3056, R3060": "STR_EMBEDDED and several Security headers: never sent",
-    "R3299, R3230, R3232, R5624, R5627, R5614, R5606": "EncryptedHeader: WSGate never encrypts a header block",
-    "R5625": "key wrap: WSGate sends key transport (RSA) only",
-    "R5206, R5208, R5210, R5209": "X.509 KeyIdentifiers: the gateway and client reference their certificate token",
-    "R4212, R4216, R4217, R4218": "R4212's digest is checked by the engine's UsernameToken tests; no key is derived "
-    "from a UsernameToken",
-    "R5441": "SignatureConfirmation: not sent",
-    "R5201, R5202, R5211-R5216, R6xxx": "PKCS7/PKIPath, SAML, REL and Kerberos tokens: not sent",
-}
 
 
 def violations(xml: bytes) -> list[str]:
