@@ -458,12 +458,3 @@ def _encrypted_data(
     cipher_data = etree.SubElement(ed, q(XENC, "CipherData"))
     etree.SubElement(cipher_data, q(XENC, "CipherValue")).text = encoded.decode("ascii")
     return ed
-
-
-def add_references(ek: etree._Element, ids: list[str]) -> None:
-    """Name more EncryptedData (by Id) in an EncryptedKey's ReferenceList, making the list if need be."""
-    reflist = _child(ek, q(XENC, "ReferenceList"), "EncryptedKey")
-    if reflist is None:
-        reflist = etree.SubElement(ek, q(XENC, "ReferenceList"))
-    for rid in ids:
-        etree.SubElement(reflist, q(XENC, "DataReference"), URI="#" + rid)

@@ -68,8 +68,13 @@ def load_certificates(paths: Sequence[str | Path]) -> list[x509.Certificate]:
     return [c for p in paths for c in _read_certificates(str(p))]
 
 
+# A key name travels as the fragment of a wsse:Reference URI (a shorthand XPointer: an NCName, BSP R5204).
+_KEY_NAME = re.compile(r"[^\W\d][\w.\-]*")
+
+
 def load_hmac_keys(path: str | Path) -> dict[str, bytes]:
-    """Pre-shared HMAC keys from YAML `keys: {name: base64}`; keys shorter than 128 bits are refused."""
+    """Pre-shared HMAC keys from YAML `keys: {name: base64}`; keys shorter than 128 bits are refused, and so are
+    names that cannot be a reference's fragment (letters, digits, '.', '-', '_'; not starting with a digit)."""
     doc = yaml.safe_load(Path(path).read_text())
     entries = doc.get("keys") if isinstance(doc, dict) else None
     if not isinstance(entries, dict) or not entries:
@@ -78,6 +83,8 @@ def load_hmac_keys(path: str | Path) -> dict[str, bytes]:
     for name, value in entries.items():
         if not isinstance(name, str) or not name or not isinstance(value, str):
             raise ValueError(f"{path}: key {name!r}: name and value must be strings")
+        if not _KEY_NAME.fullmatch(name):
+            raise ValueError(f"{path}: key name {name!r} is not an XML NCName (it is sent as a reference '#name')")
         try:
             secret = base64.b64decode(value, validate=True)
         except binascii.Error:
@@ -382,8 +389,17 @@ def str_issuer_serial(cert: x509.Certificate) -> etree._Element:
     return el
 
 
+def str_pre_shared_key(name: str) -> etree._Element:
+    """How the gateway names a pre-shared key (BSP R5417: a KeyInfo holds a SecurityTokenReference):
+    <wsse:SecurityTokenReference><wsse:Reference URI="#name" ValueType=PRE_SHARED_KEY/>, the form WSS4J's
+    SignatureSTRParser resolves through its CallbackHandler (identifier `name`, type SECRET_KEY)."""
+    if not _KEY_NAME.fullmatch(name):
+        raise ValueError(f"key name {name!r} cannot be a reference")
+    return str_reference(name, ns.PRE_SHARED_KEY)
+
+
 def key_name(name: str) -> etree._Element:
-    """<ds:KeyName>name</ds:KeyName>, for a pre-shared key (goes directly into ds:KeyInfo)."""
+    """<ds:KeyName>name</ds:KeyName>: how earlier clients name a pre-shared key (still accepted, never sent)."""
     el = etree.Element(ns.q(ns.DS, "KeyName"), nsmap={"ds": ns.DS})
     el.text = name
     return el

@@ -20,6 +20,9 @@ THUMBPRINT_SHA1 = "http://docs.oasis-open.org/wss/oasis-wss-soap-message-securit
 ENCKEY_SHA1 = "http://docs.oasis-open.org/wss/oasis-wss-soap-message-security-1.1#EncryptedKeySHA1"
 ENCKEY_TOKEN = "http://docs.oasis-open.org/wss/oasis-wss-soap-message-security-1.1#EncryptedKey"
 BASE64 = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-soap-message-security-1.0#Base64Binary"
+# WS-Security names no token type for a pre-shared key: a wsse:Reference URI="#<key name>" with this ValueType
+# names one (WSS4J hands the name, without '#', and this type to its CallbackHandler as a SECRET_KEY lookup).
+PRE_SHARED_KEY = "urn:wsgate:ws-security:PreSharedKey"
 PASSWORD_TEXT = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordText"
 PASSWORD_DIGEST = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordDigest"
 

@@ -17,6 +17,7 @@ from lxml import etree
 
 from filters import auth_throttle, encryption, faults, header_blocks, keys, metrics, ns, replay, signature, wssecurity
 from filters import secure_conversation as sc
+from filters import wssecurity_sending as sending
 from filters.optimizations import Optimizations
 from filters.pipeline import Exchange, Outcome, RoutePipeline, forward
 from filters.soap import Envelope
@@ -78,7 +79,7 @@ def _deferred_store(url: str) -> replay.DeferredRedisReplay:
 
 
 # What secures a message: the signature, the encryption, tokens to put first in the header.
-ResponseSecurity = tuple[wssecurity.SignWith | None, wssecurity.EncryptFor | None, tuple[etree._Element, ...]]
+ResponseSecurity = tuple[sending.SignWith | None, sending.EncryptFor | None, tuple[etree._Element, ...]]
 
 
 class SecuredPipeline(RoutePipeline):
@@ -156,12 +157,22 @@ class SecuredPipeline(RoutePipeline):
         assert isinstance(ex.security, wssecurity.Verified)
         sign, encrypt, tokens = self.response_security(ex.security)
         with metrics.stage(route, "secure"):
-            wssecurity.secure(
-                env, datetime.now(UTC), timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt,
-                tokens=tokens,
-            )  # fmt: skip
+            self.secure(env, datetime.now(UTC), sign, encrypt, tokens)
         with metrics.stage(route, "serialize"):
             return forward(env, None, env.serialize())
+
+    def secure(
+        self,
+        env: Envelope,
+        now: datetime,
+        sign: sending.SignWith | None,
+        encrypt: sending.EncryptFor | None,
+        tokens: tuple[etree._Element, ...],
+    ) -> None:
+        """Secure a reply; its Signature encrypted with its Body where the policy says (encrypt_signature)."""
+        encrypt_signature = self.route.encryption.encrypt_signature and sign is not None and encrypt is not None
+        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt, tokens=tokens,
+                       encrypt_signature=encrypt_signature)  # fmt: skip
 
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
         """How to secure the response to a request that established `verified`."""
@@ -170,8 +181,8 @@ class SecuredPipeline(RoutePipeline):
         if route.profile != "hmac":
             sign = None
             if route.rsa.sign_response:
-                bst_id = wssecurity.new_id("X509")
-                sign = wssecurity.SignWith(
+                bst_id = sending.new_id("X509")
+                sign = sending.SignWith(
                     signer=self.signer,
                     key_info=lambda: keys.str_reference(bst_id, ns.X509V3),
                     certificate=self.certificate,
@@ -181,7 +192,7 @@ class SecuredPipeline(RoutePipeline):
             if route.encryption.encrypt_response:
                 if verified.signer_certificate is None:
                     raise faults.server("no requester certificate to encrypt the response for")
-                encrypt = wssecurity.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
+                encrypt = sending.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
             return sign, encrypt, ()
         secret, ref = verified.symmetric_key, verified.key_reference
         if secret is None or ref is None:
@@ -189,11 +200,11 @@ class SecuredPipeline(RoutePipeline):
         key_info = _key_info_for(ref)
         sign = None
         if route.hmac.sign_response:
-            sign = wssecurity.SignWith(signer=signature.Signer(secret, _hmac_algorithm(route), _digest(route)),
+            sign = sending.SignWith(signer=signature.Signer(secret, _hmac_algorithm(route), _digest(route)),
                                        key_info=key_info, optimizations=self.optimizations)  # fmt: skip
         encrypt = None
         if route.encryption.encrypt_response:
-            encrypt = wssecurity.EncryptFor(
+            encrypt = sending.EncryptFor(
                 algorithm=_sized(algorithm, len(secret)), secret=secret, secret_key_info=key_info
             )
         return sign, encrypt, ()
@@ -263,9 +274,7 @@ class SecureConversationPipeline(SecuredPipeline):
             reply = sc.envelope(env.version, rstr, action=rst.version.cancel_reply_action, relates_to=relates_to)
             sign, encrypt, tokens = self.response_security(verified)
         with metrics.stage(route, "secure"):
-            wssecurity.secure(
-                reply, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt, tokens=tokens
-            )
+            self.secure(reply, now, sign, encrypt, tokens)
         return Outcome(body=reply.serialize(), answer=True)
 
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
@@ -284,7 +293,7 @@ def context_security(
     keys_ = sc.message_keys(ctx)
     dk = ctx.version.dk_token_type
     signing, encrypting = keys_.signing, keys_.encryption
-    sign = wssecurity.SignWith(
+    sign = sending.SignWith(
         signer=signature.Signer(signing.key, _hmac_algorithm(route), _digest(route)),
         key_info=lambda: keys.str_reference(signing.id, dk),
         optimizations=optimizations,
@@ -292,7 +301,7 @@ def context_security(
     enc = None
     if encrypt:
         algorithm = _sized(route.encryption.response_algorithm, len(encrypting.key))
-        enc = wssecurity.EncryptFor(
+        enc = sending.EncryptFor(
             algorithm=algorithm, secret=encrypting.key, secret_key_info=lambda: keys.str_reference(encrypting.id, dk)
         )
     return sign, enc, (signing.element, encrypting.element) if encrypt else (signing.element,)
@@ -300,7 +309,7 @@ def context_security(
 
 def _key_info_for(ref: keys.KeyRef) -> Callable[[], etree._Element]:
     if ref.kind == "key_name":
-        return lambda: keys.key_name(ref.value)
+        return lambda: keys.str_pre_shared_key(ref.value)
     if ref.kind == "encrypted_key_sha1":
         return lambda: keys.str_key_identifier(ns.ENCKEY_SHA1, ref.value)
     raise faults.server(f"cannot name a {ref.kind} key back to the requester")

@@ -1305,7 +1305,7 @@ def message_id(env: Envelope) -> str | None:
 
 def envelope(soap_version: str, body_child: etree._Element, *, action: str, relates_to: str | None = None) -> Envelope:
     """A SOAP `soap_version` ("1.1" or "1.2") envelope around `body_child`, with wsa:Action, a fresh
-    wsa:MessageID and, when given, wsa:RelatesTo. Secure it like any other message (wssecurity.secure)."""
+    wsa:MessageID and, when given, wsa:RelatesTo. Secure it like any other message (wssecurity_sending.secure)."""
     soap = ns.SOAP12 if soap_version == "1.2" else ns.SOAP11
     root = etree.Element(ns.q(soap, "Envelope"), nsmap={"soap": soap, "wsa": ns.WSA})
     header = _sub(root, ns.q(soap, "Header"))

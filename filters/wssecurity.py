@@ -1,21 +1,16 @@
-"""The wsse:Security header: read in the order the sender laid it out, and written the way WSS4J writes it.
+"""The wsse:Security header, receiving side (the gateway for requests, the client for responses): `process`.
 
-`process` is the receiving side (the gateway for requests, the client for responses): each header child goes to
-the processor for its token type, in document order, so sign-then-encrypt and encrypt-then-sign both work. Then
-the requirements are checked on what was actually verified (element identity, never ids), the header is
-removed, and the envelope holds plain SOAP.
-
-`secure` is the sending side (the gateway for responses, the client for requests): Timestamp, UsernameToken,
-Signature, then encryption of the Body content, each new token placed on top of the header so a receiver that
-reads top-down undoes them in reverse order."""
+Each header child goes to the processor for its token type, in document order, so sign-then-encrypt and
+encrypt-then-sign both work, whatever the layout (Strict, Lax, LaxTsFirst, LaxTsLast, tokens after their use
+as zeep sends them). An encrypted ds:Signature is decrypted where it is and verified when the walk reaches it,
+like a clear one. Then the requirements are checked on what was actually verified (element identity, never
+ids), the header is removed, and the envelope holds plain SOAP. The sending side is filters/wssecurity_sending.py."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
-import itertools
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -127,6 +122,7 @@ class _State:
     scts: dict[str, sc.Sct] = field(default_factory=dict)
     resolve: sc.SctResolver | None = None  # the message's one resolver: each context looked up once
     signatures: int = 0
+    signature: etree._Element | None = None  # the one ds:Signature, once verified
     out: Verified = field(default_factory=Verified)
 
 
@@ -310,10 +306,22 @@ def _data_key(st: _State, ed: etree._Element) -> bytes:
     key_info = encryption.key_for(ed)
     if key_info is None:
         raise faults.security("SecurityTokenUnavailable", "EncryptedData names no key")
-    secret = _resolve_secret(st, keys.parse_key_info(key_info))
+    secret = _resolve_secret(st, _named_key(st, keys.parse_key_info(key_info)))
     if secret is None:
         raise faults.security("SecurityTokenUnavailable", "EncryptedData key reference does not name a secret")
     return secret
+
+
+def _named_key(st: _State, ref: keys.KeyRef) -> keys.KeyRef:
+    """A wsse:Reference that names no element of the message but a configured pre-shared key is that key, by
+    name (keys.str_pre_shared_key). Elements of the message win: an attacker's wsu:Id never stands for a key
+    name, and a key name is looked up only when nothing in the message carries it."""
+    if ref.kind != "reference" or ref.value in st.secret_by_id or ref.value in st.tokens:
+        return ref
+    named = ref.value_type == ns.PRE_SHARED_KEY or (ref.value_type is None and ref.value in st.creds.psk)
+    if not named or ref.value in signature.id_index(st.env.root):
+        return ref
+    return keys.KeyRef("key_name", ref.value)
 
 
 def _resolve_secret(st: _State, ref: keys.KeyRef) -> bytes | None:
@@ -351,7 +359,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     key_info = sig.find(KEY_INFO)
     if key_info is None:
         raise faults.security("SecurityTokenUnavailable", "ds:Signature without ds:KeyInfo")
-    ref = keys.parse_key_info(key_info)
+    ref = _named_key(st, keys.parse_key_info(key_info))
     secret = _resolve_secret(st, ref)
     key: x509.Certificate | bytes
     if secret is not None:
@@ -374,6 +382,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
     first_sight(st.creds.replay, b"sig:" + verified.signature_value, _replay_ttl(st), replayed, st.out.replay_keys)
     st.out.signed.extend(verified.elements)
+    st.signature = sig
     if isinstance(key, bytes):
         st.out.symmetric_key = key
         st.out.key_reference = _reply_reference(st, ref, key)
@@ -455,16 +464,19 @@ def _check_requirements(st: _State) -> None:
             raise faults.security("InvalidSecurity", "the UsernameToken is not signed")
     if "addressing" in parts and env.header is not None:
         for h in env.header.iterchildren():
-            if _addressing(h) and not any(s is h for s in out.signed):
+            if addressing(h) and not any(s is h for s in out.signed):
                 raise faults.security("InvalidSecurity", f"WS-Addressing header {h.tag} is not signed")
     # Every decrypted part must be covered by the signature: before decryption (encrypt-then-sign) or after
-    # (sign-then-encrypt). An unsigned EncryptedData is an attacker's ciphertext (CVE-2015-0227).
+    # (sign-then-encrypt). An unsigned EncryptedData is an attacker's ciphertext (CVE-2015-0227). The one
+    # exception is the ds:Signature itself, decrypted (EncryptSignature) and then verified like any other.
     for parent, landing, was_signed in st.decrypted:
+        if len(landing) == 1 and landing[0] is st.signature and parent is security:
+            continue
         if not (was_signed or out.covers(parent) or all(out.covers(n) for n in landing if isinstance(n.tag, str))):
             raise faults.security("InvalidSecurity", "decrypted content not covered by the signature")
 
 
-def _addressing(block: etree._Element) -> bool:
+def addressing(block: etree._Element) -> bool:
     return isinstance(block.tag, str) and etree.QName(block).namespace in ns.ADDRESSING
 
 
@@ -492,217 +504,3 @@ def _remove(el: etree._Element) -> None:
         else:
             parent.text = (parent.text or "") + el.tail
     parent.remove(el)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Sending
-
-
-@dataclass
-class SignWith:
-    """A signing key and how the receiver finds it."""
-
-    signer: signature.Signer
-    key_info: Callable[[], etree._Element] | None  # a fresh KeyInfo child per message; None: the binding's key
-    certificate: x509.Certificate | None = None  # sent as a BinarySecurityToken (X.509 signatures)
-    optimizations: Optimizations | None = None  # the route's (prehashing); None: xmlsec signs it all
-
-
-@dataclass
-class EncryptFor:
-    """Encrypt the Body content: to a certificate (a fresh key in an EncryptedKey) or with a shared secret."""
-
-    algorithm: str  # data algorithm (policy name)
-    certificate: x509.Certificate | None = None
-    transport: str = "rsa-oaep-mgf1p"
-    certificate_reference: Callable[[x509.Certificate], etree._Element] = keys.str_issuer_serial
-    secret: bytes | None = None
-    secret_key_info: Callable[[], etree._Element] | None = None  # how the receiver names it; None: the binding's
-
-
-@dataclass
-class Secured:
-    """What securing a message produced that the sender needs later (to read the reply)."""
-
-    encrypted_key_sha1: str | None = None
-    secret: bytes | None = None
-
-
-def new_id(prefix: str) -> str:
-    """A globally unique id, for tokens nothing registers as an XML ID (BinarySecurityToken, EncryptedKey)."""
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-class _MessageIds:
-    """Ids unique within one message, from counters. Signed parts' ids are registered with libxml2, which interns
-    every registered id in a per-thread dictionary that is never freed: random ids would grow the process
-    forever, so the set of id strings it signs with must stay small."""
-
-    def __init__(self, env: Envelope, unique: bool) -> None:
-        self.taken = set(signature.id_index(env.root))
-        self.counter = itertools.count(1)
-        # A client's requests must differ even when their content and millisecond do (the gateway refuses a
-        # signature value it has seen): there, ids are random.
-        self.unique = unique
-
-    def __call__(self, prefix: str) -> str:
-        if self.unique:
-            return new_id(prefix)
-        while (value := f"{prefix}-{next(self.counter)}") in self.taken:
-            pass
-        self.taken.add(value)
-        return value
-
-
-def secure(
-    env: Envelope,
-    now: datetime,
-    *,
-    timestamp_ttl_s: int | None,
-    sign: SignWith | None,
-    sign_parts: tuple[str, ...] = ("body", "timestamp"),
-    encrypt: EncryptFor | None = None,
-    user: tuple[str, str, bool] | None = None,
-    symmetric_binding: tuple[bytes, x509.Certificate, str] | None = None,
-    tokens: tuple[etree._Element, ...] = (),
-    unique_ids: bool = False,
-    encrypt_user: EncryptFor | None = None,
-) -> Secured:
-    """Add a Security header to `env` as the arguments say (WSS4J's "Timestamp UsernameToken Signature Encrypt").
-
-    `symmetric_binding` = (secret, recipient certificate, transport): the client side of the WS-SecurityPolicy
-    symmetric binding; the secret travels in an EncryptedKey that the signature and encryption refer to.
-    `tokens` (a SecurityContextToken, DerivedKeyTokens) go first, in order: what follows refers to them.
-    `unique_ids`: random ids (clients); otherwise per-message counters (the gateway: see _MessageIds).
-    `encrypt_user`: the UsernameToken, once signed, is replaced by an EncryptedData (EncryptedSupportingTokens);
-    give it the signing key (the binding's, or a pre-shared one) so the receiver can tie the two together."""
-    drop_comments(env.root)  # what the receiver's C14N verifies is then all there is to read
-    header = env.ensure_header()
-    security = etree.Element(SECURITY, nsmap={"wsse": ns.WSSE, "wsu": ns.WSU})
-    security.set(ns.q(env.soap_ns, "mustUnderstand"), "true" if env.version == "1.2" else "1")
-    header.insert(0, security)
-    result = Secured()
-    ids = _MessageIds(env, unique_ids)
-    to_sign: list[etree._Element] = []
-    if timestamp_ttl_s is not None:
-        ts = timestamp.create(timestamp_ttl_s, now, ids("TS"))
-        security.insert(0, ts)
-        if "timestamp" in sign_parts:
-            to_sign.append(ts)
-    ut: etree._Element | None = None
-    if user is not None:
-        ut = username_token.create(user[0], user[1], user[2], now, ids("UsernameToken"))
-        security.insert(0, ut)
-        if "username_token" in sign_parts:
-            to_sign.append(ut)
-    ek: etree._Element | None = None
-    binding_ref: Callable[[], etree._Element] | None = None
-    if symmetric_binding is not None:
-        secret, cert, transport = symmetric_binding
-        ek_id = new_id("EK")
-        ek = encryption.encrypt_key(secret, cert, transport, ek_id, keys.str_issuer_serial(cert), [])
-        result.secret = secret
-        result.encrypted_key_sha1 = encrypted_key_sha1(ek)
-
-        def binding_ref() -> etree._Element:
-            return keys.str_reference(ek_id, ns.ENCKEY_TOKEN)
-
-    if sign is not None:
-        to_sign.insert(0, env.body)
-        if "addressing" in sign_parts and env.header is not None:
-            to_sign.extend(h for h in env.header if _addressing(h))
-        _ensure_wsu_ids(to_sign, ids)
-        key_info = sign.key_info or binding_ref
-        if key_info is None:
-            raise ValueError("a signature needs a key reference")
-        sig = sign.signer.sign(
-            env, security, to_sign, key_info(), new_id=lambda: ids("id"), optimizations=sign.optimizations
-        )
-        security.remove(sig)
-        security.insert(0, sig)
-        if sign.certificate is not None:
-            bst_id = _bst_id(sig)
-            security.insert(0, keys.make_bst(sign.certificate, bst_id))
-    if encrypt_user is not None and ut is not None:
-        _encrypt_token(security, ut, encrypt_user, ek, binding_ref)
-    if encrypt is not None:
-        _encrypt_body(env, security, encrypt, ek, binding_ref)
-    elif ek is not None:
-        security.insert(0, ek)
-    for token in reversed(tokens):
-        security.insert(0, token)
-    return result
-
-
-def _ensure_wsu_ids(elements: list[etree._Element], ids: _MessageIds) -> None:
-    for el in elements:
-        if el.get(WSU_ID) is None and el.get("Id") is None:
-            el.set(WSU_ID, ids("id"))
-
-
-def _bst_id(sig: etree._Element) -> str:
-    """The BinarySecurityToken id the signature's KeyInfo refers to."""
-    ref = sig.find(f"{KEY_INFO}/{keys.STR}/{ns.q(ns.WSSE, 'Reference')}")
-    if ref is None:
-        raise ValueError("an X.509 SignWith needs a KeyInfo with a direct reference to its token")
-    return (ref.get("URI") or "").removeprefix("#")
-
-
-def _encrypt_token(
-    security: etree._Element,
-    token: etree._Element,
-    spec: EncryptFor,
-    ek: etree._Element | None,
-    binding_ref: Callable[[], etree._Element] | None,
-) -> None:
-    """Replace a header token by an EncryptedData naming its key (WSS4J's `encryptionParts={Element}{ns}Token`),
-    listed where a receiver reads it before the signature: in the binding's EncryptedKey's ReferenceList, as WSS4J
-    writes it, or else in a ReferenceList on top of the header."""
-    ed_id = new_id("ED")
-    if spec.certificate is not None:
-        secret = encryption.new_key(spec.algorithm)
-        key_info = encryption.encrypt_key(secret, spec.certificate, spec.transport, new_id("EK"),
-                                          spec.certificate_reference(spec.certificate), [])  # fmt: skip
-        encryption.encrypt_element(token, secret, spec.algorithm, ed_id, key_info)
-    else:
-        name_key = spec.secret_key_info or binding_ref
-        assert spec.secret is not None and name_key is not None
-        encryption.encrypt_element(token, spec.secret, spec.algorithm, ed_id, name_key())
-        if ek is not None and spec.secret_key_info is None:
-            encryption.add_references(ek, [ed_id])
-            return
-    reflist = etree.Element(REFERENCE_LIST, nsmap={"xenc": ns.XENC})
-    etree.SubElement(reflist, ns.q(ns.XENC, "DataReference"), URI=f"#{ed_id}")
-    security.insert(0, reflist)
-
-
-def _encrypt_body(
-    env: Envelope,
-    security: etree._Element,
-    spec: EncryptFor,
-    ek: etree._Element | None,
-    binding_ref: Callable[[], etree._Element] | None,
-) -> None:
-    ed_id = new_id("ED")
-    if spec.certificate is not None:
-        secret = encryption.new_key(spec.algorithm)
-        encryption.encrypt_content(env.body, secret, spec.algorithm, ed_id, None)
-        ek_new = encryption.encrypt_key(
-            secret,
-            spec.certificate,
-            spec.transport,
-            new_id("EK"),
-            spec.certificate_reference(spec.certificate),
-            [ed_id],
-        )
-        security.insert(0, ek_new)
-        return
-    name_key = spec.secret_key_info or binding_ref
-    assert spec.secret is not None and name_key is not None
-    key_info = name_key()
-    encryption.encrypt_content(env.body, spec.secret, spec.algorithm, ed_id, key_info)
-    reflist = etree.Element(REFERENCE_LIST, nsmap={"xenc": ns.XENC})
-    etree.SubElement(reflist, ns.q(ns.XENC, "DataReference"), URI=f"#{ed_id}")
-    security.insert(0, reflist)
-    if ek is not None:
-        security.insert(0, ek)

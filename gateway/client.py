@@ -1,7 +1,8 @@
 """The WS-Security client: secures a plain SOAP request as a route's policy asks, and opens the secured reply.
 
 `wsgate client` uses it for people; the load test uses it to pre-generate traffic and to check every response.
-It is the sending and receiving side of the same engine the gateway runs (filters/wssecurity.py)."""
+It is the sending and receiving side of the same engine the gateway runs (filters/wssecurity_sending.py,
+filters/wssecurity.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from cryptography import x509
 from certs import pki
 from filters import encryption, faults, keys, ns, signature, wssecurity
 from filters import secure_conversation as sc
+from filters import wssecurity_sending as sending
 from filters.profiles import context_security
 from filters.soap import Envelope
 from filters.threat_protection import parse_envelope
@@ -120,6 +122,11 @@ class Client:
         return self.route.encryption.require_request if self.cfg.encrypt is None else self.cfg.encrypt
 
     @property
+    def encrypts_signature(self) -> bool:
+        """The Signature goes encrypted with the Body, as the route sends its own (encryption.encrypt_signature)."""
+        return self.encrypts and self.route.encryption.encrypt_signature
+
+    @property
     def encrypts_user(self) -> bool:
         """The route wants the UsernameToken encrypted (EncryptedSupportingTokens), and we send one."""
         return bool(self.cfg.user) and self.route.username_token.protection == "encrypted"
@@ -151,49 +158,53 @@ class Client:
         transport = route.encryption.key_transport[0]
         pending = Pending(soap_version=env.version)
         if route.profile != "hmac":
-            bst_id = wssecurity.new_id("X509")
-            sign = wssecurity.SignWith(self.signer, lambda: keys.str_reference(bst_id, ns.X509V3), self.certificate)
+            bst_id = sending.new_id("X509")
+            sign = sending.SignWith(self.signer, lambda: keys.str_reference(bst_id, ns.X509V3), self.certificate)
             encrypt = None
             if self.encrypts or self.encrypts_user:
-                encrypt = wssecurity.EncryptFor(algorithm, certificate=self._gateway_cert(), transport=transport)
-            wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
+                encrypt = sending.EncryptFor(algorithm, certificate=self._gateway_cert(), transport=transport)
+            sending.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
                               encrypt=encrypt if self.encrypts else None, user=user, unique_ids=True,
-                              encrypt_user=encrypt if self.encrypts_user else None)  # fmt: skip
+                              encrypt_user=encrypt if self.encrypts_user else None,
+                              encrypt_signature=self.encrypts_signature)  # fmt: skip
             return env.serialize(), pending
         if cfg.key_name:
             secret = self.psk.get(cfg.key_name)
             if secret is None:
                 raise ClientError(f"no pre-shared key named {cfg.key_name!r} in {route.hmac.keys_file}")
             name = cfg.key_name
-            sign = wssecurity.SignWith(
-                signature.Signer(secret, self.hmac_algorithm, self.digest), lambda: keys.key_name(name)
+            sign = sending.SignWith(
+                signature.Signer(secret, self.hmac_algorithm, self.digest), lambda: keys.str_pre_shared_key(name)
             )
             encrypt = None
             if self.encrypts or self.encrypts_user:
-                encrypt = wssecurity.EncryptFor(self._algorithm_for(secret), secret=secret,
-                                                secret_key_info=lambda: keys.key_name(name))  # fmt: skip
-            wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
+                encrypt = sending.EncryptFor(self._algorithm_for(secret), secret=secret,
+                                                secret_key_info=lambda: keys.str_pre_shared_key(name))  # fmt: skip
+            sending.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
                               encrypt=encrypt if self.encrypts else None, user=user, unique_ids=True,
-                              encrypt_user=encrypt if self.encrypts_user else None)  # fmt: skip
+                              encrypt_user=encrypt if self.encrypts_user else None,
+                              encrypt_signature=self.encrypts_signature)  # fmt: skip
             pending.secret = secret
             return env.serialize(), pending
         # The symmetric binding: a fresh key, sent encrypted to the gateway, signs and encrypts.
         secret = encryption.new_key(algorithm) if self.encrypts or self.encrypts_user else os.urandom(32)
-        sign = wssecurity.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest), None)
-        encrypt = wssecurity.EncryptFor(algorithm, secret=secret)
-        got = wssecurity.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
+        sign = sending.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest), None)
+        encrypt = sending.EncryptFor(algorithm, secret=secret)
+        got = sending.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
                                 encrypt=encrypt if self.encrypts else None, user=user,
                                 symmetric_binding=(secret, self._gateway_cert(), transport), unique_ids=True,
-                                encrypt_user=encrypt if self.encrypts_user else None)  # fmt: skip
+                                encrypt_user=encrypt if self.encrypts_user else None,
+                              encrypt_signature=self.encrypts_signature)  # fmt: skip
         pending.secret, pending.encrypted_key_sha1 = secret, got.encrypted_key_sha1
         return env.serialize(), pending
 
     def _secure_in_context(self, env: Envelope, now: datetime) -> bytes:
         assert self.context is not None
         sign, encrypt, tokens = context_security(self.context, self.route, encrypt=self.encrypts)
-        wssecurity.secure(env, now, timestamp_ttl_s=self.cfg.timestamp_ttl_s, sign=sign,
+        sending.secure(env, now, timestamp_ttl_s=self.cfg.timestamp_ttl_s, sign=sign,
                           sign_parts=tuple(p for p in self.route.signature.parts if p != "username_token"),
-                          encrypt=encrypt, tokens=tokens, unique_ids=True)  # fmt: skip
+                          encrypt=encrypt, tokens=tokens, unique_ids=True,
+                          encrypt_signature=self.encrypts_signature)  # fmt: skip
         return env.serialize()
 
     # -- WS-SecureConversation ---------------------------------------------------------------------------

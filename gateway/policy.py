@@ -136,6 +136,17 @@ class EncryptionPolicy(Strict):
     data_algorithms: list[DataAlgorithm] = ["aes256-gcm", "aes128-gcm"]
     key_transport: list[KeyTransport] = ["rsa-oaep-mgf1p", "rsa-oaep"]
     response_algorithm: DataAlgorithm = "aes256-gcm"
+    # The reply's ds:Signature encrypted with its Body (sp:EncryptSignature): its digests of the plaintext Body
+    # would otherwise let a reader confirm guesses of it. Requests with an encrypted Signature are always taken;
+    # none is required to have one: the guessing is the sender's exposure, and refusing after the fact undoes
+    # nothing.
+    encrypt_signature: bool = False
+
+    @model_validator(mode="after")
+    def _signature_with_body(self) -> EncryptionPolicy:
+        if self.encrypt_signature and not self.encrypt_response:
+            raise ValueError("encrypt_signature needs encrypt_response: the Signature is encrypted with the Body")
+        return self
 
 
 class RsaOptions(Strict):

@@ -33,6 +33,7 @@ from lxml import etree
 from pydantic import ValidationError
 
 from filters import c14n, faults, keys, metrics, ns, signature, wssecurity
+from filters import wssecurity_sending as sending
 from filters.digest_cache import DigestCache
 from filters.engine import Exchange
 from filters.optimizations import Optimizations
@@ -145,7 +146,7 @@ def sign_awkward(
     prefix: str | None = None,
 ) -> Envelope:
     env = awkward(prefix or fresh_prefix(), default_namespace)
-    wssecurity.secure(env, datetime(2030, 1, 1, tzinfo=UTC), timestamp_ttl_s=300, sign=None)
+    sending.secure(env, datetime(2030, 1, 1, tzinfo=UTC), timestamp_ttl_s=300, sign=None)
     security = wssecurity.find_security(env)
     assert security is not None and env.header is not None
     parts = [env.body, security[0], env.header[1]]  # Body, Timestamp, wsa:To
@@ -218,7 +219,7 @@ def test_signed_info_written_directly_is_the_one_xmlsec_signs(pki: Path, algorit
             env.body.set(ns.q(ns.WSU, "Id"), 'b&"<\tody')
         elif quirk == "prefix of 'xml'":
             env.body.set("{http://www.w3.org/XML/1998/namespace}lang", "en")
-        wssecurity.secure(env, datetime(2030, 1, 1, tzinfo=UTC), timestamp_ttl_s=300, sign=None)
+        sending.secure(env, datetime(2030, 1, 1, tzinfo=UTC), timestamp_ttl_s=300, sign=None)
         security = wssecurity.find_security(env)
         assert security is not None
         key: Any = psk(pki) if algorithm.startswith("hmac") else keys.load_private_key(pki / "client.key")
@@ -607,8 +608,8 @@ def test_same_body_in_other_namespaces_never_gets_a_stale_digest(pki: Path) -> N
     for uri in ("urn:one", "urn:two"):
         plain = echo("same").replace(b"<soap:Envelope ", f'<soap:Envelope xmlns:x="{uri}" '.encode())
         env = parse_envelope(plain, Limits())
-        wssecurity.secure(env, datetime.now(UTC), timestamp_ttl_s=300,
-                          sign=wssecurity.SignWith(signer, lambda: keys.key_name("demo-client"),
+        sending.secure(env, datetime.now(UTC), timestamp_ttl_s=300,
+                          sign=sending.SignWith(signer, lambda: keys.key_name("demo-client"),
                                                    optimizations=opts))  # fmt: skip
         reply = env.serialize()
         digests.append(body_digest(reply))

@@ -16,6 +16,7 @@ import pytest
 from lxml import etree
 
 from filters import encryption, keys, ns, username_token, wssecurity
+from filters import wssecurity_sending as sending
 from filters.profiles import SecuredPipeline
 from gateway.policy import Route
 from tests.test_wssecurity import (
@@ -52,7 +53,7 @@ def clear_token(user: str = "bob", digest: bool = True) -> etree._Element:
     """A token as it travels in clear (from a client or route that does not protect it), fresh."""
     from datetime import UTC, datetime
 
-    token = username_token.create(user, PASSWORDS[user], digest, datetime.now(UTC), wssecurity.new_id("UsernameToken"))
+    token = username_token.create(user, PASSWORDS[user], digest, datetime.now(UTC), sending.new_id("UsernameToken"))
     return etree.fromstring(etree.tostring(token))
 
 
@@ -69,7 +70,7 @@ def rebound(pki: Path, stolen: list[etree._Element], *, key_name: str | None = N
         secret, key_info = psk(pki), keys.key_name(key_name)
         sign_hmac(env, secret, key_info, [env.body, timestamp_of(env), *token])
         return env.serialize()
-    secret, cert, ek_id = os.urandom(32), gateway_cert(pki), wssecurity.new_id("EK")
+    secret, cert, ek_id = os.urandom(32), gateway_cert(pki), sending.new_id("EK")
     sign_hmac(env, secret, keys.str_reference(ek_id, ns.ENCKEY_TOKEN), [env.body, timestamp_of(env), *token])
     ek = encryption.encrypt_key(secret, cert, "rsa-oaep-mgf1p", ek_id, keys.str_issuer_serial(cert), [])
     security.insert(0, ek)
@@ -136,10 +137,14 @@ def test_bobs_client_sends_no_readable_token(pki: Path) -> None:
         secured, header = captured(pki, route, digest=digest)
         assert b"<wsse:UsernameToken" not in secured and b"bob-demo-password" not in secured
         ek = next(el for el in header if el.tag == ENCRYPTED_KEY)
+        reflist = next(el for el in header if el.tag == ns.q(ns.XENC, "ReferenceList"))
         ed = next(el for el in header if el.tag == ENCRYPTED_DATA)
-        # WSS4J's shape: the EncryptedKey's ReferenceList names the token's EncryptedData (Type Element).
-        assert encryption.reference_list(ek) == [ed.get("Id")]
+        # CXF's symmetric binding: a ReferenceList names the token's EncryptedData (Type Element), whose KeyInfo
+        # names the EncryptedKey; both precede it (BSP R3208).
+        assert encryption.reference_list(reflist) == [ed.get("Id")]
         assert ed.get("Type") == encryption.TYPE_ELEMENT
+        assert keys.parse_key_info(encryption.key_for(ed)).value == ek.get("Id")
+        assert header.index(ek) < header.index(reflist) < header.index(ed)
 
 
 @pytest.mark.parametrize("cfg", [{"key_name": "demo-client"}, {"encrypt": True}], ids=["psk", "encrypted-body"])

@@ -5,7 +5,7 @@ the backend, SecuredPipeline.response secures the backend's answer and the Clien
 its WS-Security fault code with the generic message of faults.WSSE_CODES and leaves nothing for the backend.
 
 Real keys from the session PKI (tests/conftest.py) and real crypto; messages the Client cannot make (encrypt-then-
-sign, attacks) are built with the engine's own pieces (wssecurity.secure, signature.Signer, encryption). Only the
+sign, attacks) are built with the engine's own pieces (sending.secure, signature.Signer, encryption). Only the
 client's clock is ever moved, for the freshness tests."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from lxml import etree
 
 from certs import pki as pki_mod
 from filters import encryption, faults, keys, ns, signature, wssecurity
+from filters import wssecurity_sending as sending
 from filters.engine import Exchange, Outcome
 from filters.profiles import SecuredPipeline
 from filters.replay import MemoryReplayCache
@@ -182,8 +183,8 @@ def bare(plain: bytes | None = None, *, timestamp: bool = True) -> Envelope:
     env = parse_envelope(plain or echo(), Limits())
     # A fresh Body id: RSA PKCS#1 v1.5 signatures are deterministic, and the replay store would see the same
     # signature value in two tests that sign the same content.
-    env.body.set(WSU_ID, wssecurity.new_id("id"))
-    wssecurity.secure(env, datetime.now(UTC), timestamp_ttl_s=300 if timestamp else None, sign=None)
+    env.body.set(WSU_ID, sending.new_id("id"))
+    sending.secure(env, datetime.now(UTC), timestamp_ttl_s=300 if timestamp else None, sign=None)
     return env
 
 
@@ -210,7 +211,7 @@ def sign_x509(
 ) -> etree._Element:
     """Sign `elements` with `who`'s key; BinarySecurityToken and Signature land at position `at` of the header."""
     security = security_of(env)
-    bst_id = wssecurity.new_id("X509")
+    bst_id = sending.new_id("X509")
     signer = signature.Signer(keys.load_private_key(pki / f"{who}.key"), algorithm, "sha256")
     sig = signer.sign(env, security, elements, keys.str_reference(bst_id, ns.X509V3))
     security.remove(sig)
@@ -239,10 +240,10 @@ def attacker_encrypted(
     """What anyone can make with the gateway's public certificate: an EncryptedData (Type Content) of `content`
     and the EncryptedKey that opens it."""
     key = encryption.new_key(algorithm)
-    ed_id = wssecurity.new_id("ED")
+    ed_id = sending.new_id("ED")
     ed = encryption.encrypt_content(etree.fromstring(f"<holder>{content}</holder>"), key, algorithm, ed_id, None)
     cert = gateway_cert(pki)
-    ek_id = wssecurity.new_id("EK")
+    ek_id = sending.new_id("EK")
     ek = encryption.encrypt_key(key, cert, "rsa-oaep-mgf1p", ek_id, keys.str_issuer_serial(cert), [ed_id])
     return ed, ek
 
@@ -271,7 +272,7 @@ def test_rsa_sign(pki: Path) -> None:
     route = make_route(pki, "rsa")
     client = client_for(route, pki)
     secured, pending = client.secure(echo())
-    assert security_children(secured) == ["BinarySecurityToken", "Signature", "Timestamp"]
+    assert security_children(secured) == ["Timestamp", "BinarySecurityToken", "Signature"]
     t = trip(SecuredPipeline(route), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_secured_reply(t.reply, encrypted=False)
@@ -293,18 +294,27 @@ def test_rsa_sign_and_encrypt_both_ways(pki: Path) -> None:
     assert_opened(t.opened, "secret words")
 
 
+def _pre_shared_key_reference(message: bytes) -> str | None:
+    """The URI of the Signature's KeyInfo reference, checked to be the pre-shared key form (BSP R5417)."""
+    sig = etree.fromstring(message).find(f".//{SIGNATURE}")
+    assert sig is not None
+    ref = sig.find(f"{ns.q(ns.DS, 'KeyInfo')}/{keys.STR}/{ns.q(ns.WSSE, 'Reference')}")
+    assert ref is not None and ref.get("ValueType") == ns.PRE_SHARED_KEY
+    return ref.get("URI")
+
+
 def test_hmac_pre_shared_key(pki: Path) -> None:
     route = make_route(pki, "hmac")
     client = client_for(route, pki, key_name="demo-client")
     secured, pending = client.secure(echo())
-    assert security_children(secured) == ["Signature", "Timestamp"]
-    assert etree.fromstring(secured).findtext(f".//{ns.q(ns.DS, 'KeyName')}") == "demo-client"
+    assert security_children(secured) == ["Timestamp", "Signature"]
+    assert _pre_shared_key_reference(secured) == "#demo-client"
     t = trip(SecuredPipeline(route), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_secured_reply(t.reply, encrypted=False)
     assert_opened(t.opened)
     # The reply's HMAC names the same pre-shared key; the backend is told which key signed.
-    assert etree.fromstring(t.reply).findtext(f".//{ns.q(ns.DS, 'KeyName')}") == "demo-client"
+    assert _pre_shared_key_reference(t.reply) == "#demo-client"
     assert t.headers == {"x-wsgate-subject": "key:demo-client"}
 
 
@@ -312,7 +322,7 @@ def test_hmac_symmetric_binding(pki: Path) -> None:
     route = make_route(pki, "hmac")
     client = client_for(route, pki)
     secured, pending = client.secure(echo())
-    assert security_children(secured) == ["EncryptedKey", "Signature", "Timestamp"]
+    assert security_children(secured) == ["Timestamp", "EncryptedKey", "Signature"]
     assert pending.secret is not None and pending.encrypted_key_sha1 is not None
     t = trip(SecuredPipeline(route), client, secured=(secured, pending))
     assert_plain(t.backend)
@@ -424,22 +434,22 @@ def encrypt_then_sign(pki: Path, mode: str, plain: bytes) -> tuple[bytes, Pendin
     now = datetime.now(UTC)
     pending = Pending()
     if mode == "rsa":
-        wssecurity.secure(
+        sending.secure(
             env,
             now,
             timestamp_ttl_s=300,
             sign=None,
-            encrypt=wssecurity.EncryptFor("aes256-gcm", certificate=gateway_cert(pki)),
+            encrypt=sending.EncryptFor("aes256-gcm", certificate=gateway_cert(pki)),
         )
         sign_x509(env, pki, [env.body, timestamp_of(env)])
     elif mode == "hmac-psk":
         secret = psk(pki)
-        wssecurity.secure(
+        sending.secure(
             env,
             now,
             timestamp_ttl_s=300,
             sign=None,
-            encrypt=wssecurity.EncryptFor(
+            encrypt=sending.EncryptFor(
                 "aes256-gcm", secret=secret, secret_key_info=lambda: keys.key_name("demo-client")
             ),
         )
@@ -447,18 +457,18 @@ def encrypt_then_sign(pki: Path, mode: str, plain: bytes) -> tuple[bytes, Pendin
         pending.secret = secret
     else:  # the symmetric binding: the EncryptedKey (no ReferenceList) first, as the signature needs its key
         secret = os.urandom(32)
-        got = wssecurity.secure(
+        got = sending.secure(
             env,
             now,
             timestamp_ttl_s=300,
             sign=None,
-            encrypt=wssecurity.EncryptFor("aes256-gcm", secret=secret),
+            encrypt=sending.EncryptFor("aes256-gcm", secret=secret),
             symmetric_binding=(secret, gateway_cert(pki), "rsa-oaep-mgf1p"),
         )
         ek = security_of(env).find(ENCRYPTED_KEY)
         assert ek is not None and ek.find(REFERENCE_LIST) is None
         key_info = keys.str_reference(ek.get("Id") or "", ns.ENCKEY_TOKEN)
-        sign_hmac(env, secret, key_info, [env.body, timestamp_of(env)], at=1)
+        sign_hmac(env, secret, key_info, [env.body, timestamp_of(env)], at=2)  # Timestamp, EncryptedKey, here
         pending.secret, pending.encrypted_key_sha1 = secret, got.encrypted_key_sha1
     return env.serialize(), pending
 
@@ -1208,28 +1218,28 @@ def test_body_moves_refused_by_the_security_header_alone(pki: Path, variant: str
 # Product bugs these tests expose (see the report that came with this file)
 
 
-def _timestamp_on_top(root: etree._Element) -> None:
+def _signature_on_top(root: etree._Element) -> None:
     _, security, _ = parts(root)
-    ts = security.find(TIMESTAMP)
-    assert ts is not None
-    security.insert(0, ts)
+    sig = security.find(SIGNATURE)
+    assert sig is not None
+    security.insert(0, sig)
 
 
 @pytest.mark.parametrize("order", ["signature-first", "timestamp-first"])
 def test_replay_window_covers_a_client_clock_that_runs_ahead(
     pki: Path, client_clock: Callable[[timedelta], None], monkeypatch: pytest.MonkeyPatch, order: str
 ) -> None:
-    """A client whose clock runs 290 s fast (inside the 300 s skew) sends Signature above Timestamp, as the Client
-    does. The message stays acceptable until Created + max_age + skew (~890 s after it first arrives), so the
+    """A client whose clock runs 290 s fast (inside the 300 s skew) sends Signature above Timestamp, as WSS4J and
+    earlier Clients do. The message stays acceptable until Created + max_age + skew (~890 s after it first arrives), so the
     replay store must remember its signature that long. It remembers it for max_age + skew = 600 s only (the
     fallback TTL used when the signature is read before the Timestamp), so a replay at +601 s is accepted.
     (With the Timestamp above the Signature, the TTL comes from the Timestamp and the replay is caught.)"""
     route = make_route(pki, "rsa")
     client_clock(timedelta(seconds=290))
     secured, _ = client_for(route, pki).secure(echo())
-    assert security_children(secured) == ["BinarySecurityToken", "Signature", "Timestamp"]
-    if order == "timestamp-first":  # the header's order is not signed: the same message, read the other way
-        secured = mutate(secured, _timestamp_on_top)
+    assert security_children(secured) == ["Timestamp", "BinarySecurityToken", "Signature"]
+    if order == "signature-first":  # the header's order is not signed: the same message, read the other way
+        secured = mutate(secured, _signature_on_top)
     elapsed = [0.0]
     pipeline = SecuredPipeline(route)
     pipeline.credentials.replay = MemoryReplayCache(clock=lambda: elapsed[0])
@@ -1267,12 +1277,12 @@ def test_response_encrypted_for_a_128_bit_symmetric_binding_key(pki: Path) -> No
     client = client_for(route, pki)
     env = parse_envelope(echo(), Limits())
     secret = os.urandom(16)
-    got = wssecurity.secure(
+    got = sending.secure(
         env,
         datetime.now(UTC),
         timestamp_ttl_s=300,
-        sign=wssecurity.SignWith(signature.Signer(secret, "hmac-sha256", "sha256"), None),
-        encrypt=wssecurity.EncryptFor("aes128-gcm", secret=secret),
+        sign=sending.SignWith(signature.Signer(secret, "hmac-sha256", "sha256"), None),
+        encrypt=sending.EncryptFor("aes128-gcm", secret=secret),
         symmetric_binding=(secret, gateway_cert(pki), "rsa-oaep-mgf1p"),
     )
     pending = Pending(secret=secret, encrypted_key_sha1=got.encrypted_key_sha1)
@@ -1297,11 +1307,11 @@ def test_signer_named_without_a_token(pki: Path, form: str) -> None:
     cert = keys.load_certificate(pki / "client.pem")
     signer = signature.Signer(keys.load_private_key(pki / "client.key"), "rsa-sha256", "sha256")
     env = parse_envelope(echo("by reference"), Limits())
-    wssecurity.secure(
+    sending.secure(
         env,
         datetime.now(UTC),
         timestamp_ttl_s=300,
-        sign=wssecurity.SignWith(signer, lambda: KEY_REFERENCES[form](cert)),
+        sign=sending.SignWith(signer, lambda: KEY_REFERENCES[form](cert)),
         unique_ids=True,
     )
     message = env.serialize()
