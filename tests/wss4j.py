@@ -92,7 +92,7 @@ ANONYMOUS = f"{WSA}/anonymous"
 def addressed(text: str, version: str, to: str, action: str, message_id: str) -> bytes:
     """A plain echo request with wsa:To, wsa:Action, wsa:MessageID and wsa:ReplyTo (WS-Addressing 1.0)."""
     header = (
-        f'<wsa:To>{to}</wsa:To><wsa:Action>{action}</wsa:Action><wsa:MessageID>{message_id}</wsa:MessageID>'
+        f"<wsa:To>{to}</wsa:To><wsa:Action>{action}</wsa:Action><wsa:MessageID>{message_id}</wsa:MessageID>"
         f"<wsa:ReplyTo><wsa:Address>{ANONYMOUS}</wsa:Address></wsa:ReplyTo>"
     )
     return (
