@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
 PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: run test lint format check render certs clean bench load
+.PHONY: run test lint format check render certs clean bench load wss4j
 
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
@@ -24,11 +24,22 @@ $(FRAME_STAMP): $(FRAME)/Cargo.toml $(FRAME)/Cargo.lock $(FRAME)/pyproject.toml 
 	$(BIN)/pip install -q $(FRAME)
 	touch $(FRAME_STAMP)
 
+# The WSS4J interop harness (tests/interop/wss4j: Apache WSS4J 4.0.1, every version pinned in its pom.xml), one
+# runnable jar; rebuilt when its sources change. The first build downloads from Maven Central into ~/.m2.
+WSS4J := tests/interop/wss4j
+WSS4J_JAR := $(WSS4J)/target/wss4j-harness.jar
+$(WSS4J_JAR): $(WSS4J)/pom.xml $(wildcard $(WSS4J)/src/main/java/wsgate/interop/*.java)
+	@command -v mvn >/dev/null || { echo "mvn not found: the WSS4J interop tests need Maven 3 and Java 17 (README)"; exit 1; }
+	cd $(WSS4J) && mvn -q -B package
+	touch $(WSS4J_JAR)
+
+wss4j: $(WSS4J_JAR)
+
 run: $(STAMP)
 	$(BIN)/wsgate certs init
 	$(BIN)/wsgate up
 
-test: $(STAMP) lint
+test: $(STAMP) $(WSS4J_JAR) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
 
@@ -53,7 +64,7 @@ certs: $(STAMP)
 	$(BIN)/wsgate certs init
 
 clean:
-	rm -rf run .pytest_cache .ruff_cache $(FRAME)/target
+	rm -rf run .pytest_cache .ruff_cache $(FRAME)/target $(WSS4J)/target
 
 # The benchmark: its own gateway on free ports, every profile x size; prints the tables, writes loadtest/out/.
 # Needs Debian's wrk. BENCH_ARGS passes options, e.g. BENCH_ARGS="--profiles none,xml --sizes small".
