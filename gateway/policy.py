@@ -233,6 +233,17 @@ class SecureConversationOptions(Strict):
     master_keys_file: str = "certs/out/sct-master-keys.yaml"
 
 
+class WsdlOptions(Strict):
+    file: str
+    publish: bool = True
+
+
+class SchemaValidation(Strict):
+    requests: bool = True
+    responses: bool = True
+    xsd_files: list[str] = []
+
+
 class Route(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
     match: Match
@@ -255,6 +266,8 @@ class Route(Strict):
     # for a pre-shared key, the context's subject (secureconversation), or `anonymous` (hmac.allow_anonymous).
     identity_header: str | None = Field(default="x-wsgate-subject", pattern=HEADER_NAME)
     secure_faults: bool = True  # sign/encrypt backend faults like other responses
+    wsdl: WsdlOptions | None = None
+    schema_validation: SchemaValidation | None = None
 
     @property
     def touches_xml(self) -> bool:
