@@ -163,7 +163,9 @@ def _route_entries(route: Route, tls_listener: bool) -> list[dict[str, Any]]:
     for action in route.match.soap_actions:
         for header, value in (("soapaction", action), ("soapaction", f'"{action}"')):
             matches.append({**base, "headers": [{"name": header, "string_match": {"exact": value}}]})
-        matches.append({**base, "headers": [{"name": "content-type", "string_match": {"contains": f'action="{action}"'}}]})
+        matches.append(
+            {**base, "headers": [{"name": "content-type", "string_match": {"contains": f'action="{action}"'}}]}
+        )
 
     refusals = []
     if route.touches_xml:
