@@ -59,7 +59,6 @@ class _State:
     parts: list[str] = field(default_factory=lambda: ["body"])
     encrypt_request: bool = False
     encrypt_response: bool = False
-    sign_response: bool = False
     username: str | None = None  # None | "plain" | "signed" | "encrypted"
     password_types: list[str] = field(default_factory=lambda: ["digest", "text"])
     client_certificate: bool = False
@@ -105,8 +104,8 @@ def _map(defs: Definitions, alternative: list[etree._Element], output: list[etre
     bindings = {"TransportBinding", "AsymmetricBinding", "SymmetricBinding"}
     for assertion in output:
         if _sp(assertion) == "SignedParts":
-            st.sign_response = True
-        elif _sp(assertion) == "EncryptedParts":
+            continue  # the gateway signs its responses on every WS-Security route
+        if _sp(assertion) == "EncryptedParts":
             _encrypted_parts(st, assertion, request=False)
         elif _sp(assertion) not in bindings and assertion not in alternative:
             _assertion(st, assertion, request=False)
@@ -222,7 +221,6 @@ def _asymmetric(st: _State, el: etree._Element) -> None:
                 st.notes.append(f"{name}: the gateway's own certificate (rsa.certificate, rsa.decryption_key)")
         else:
             _binding_common(st, inner, "AsymmetricBinding")
-    st.sign_response = True
 
 
 def _symmetric(st: _State, el: etree._Element) -> None:
@@ -373,15 +371,17 @@ def _route(st: _State) -> dict[str, object]:
         st.notes.append("EncryptSignature: an encrypted request Signature is accepted; the gateway's response "
                         "Signature is not encrypted")  # fmt: skip
         st.unmapped.append("EncryptSignature (responses): the gateway's response Signature travels unencrypted")
-    if st.profile == "rsa":
-        route["rsa"] = {"trust_anchors": ["certs/out/ca.pem"], "sign_response": st.sign_response}
-    elif st.profile == "hmac":
+    if st.profile in ("rsa", "secureconversation"):  # secureconversation: the Issue request is checked like rsa
+        route["rsa"] = {"trust_anchors": ["certs/out/ca.pem"], "key": "certs/out/gateway-sign.key",
+                        "certificate": "certs/out/gateway-sign.pem", "decryption_key": "certs/out/gateway-enc.key",
+                        "sign_response": True}  # fmt: skip
+    if st.profile == "hmac":
         anonymous = st.username is None
         if anonymous:
             st.notes.append("SymmetricBinding with no supporting token names no caller: hmac.allow_anonymous "
                             "(the backend is told `anonymous`)")  # fmt: skip
-        route["hmac"] = {"keys_file": None, "allow_anonymous": anonymous}
-    else:
+        route["hmac"] = {"keys_file": None, "allow_anonymous": anonymous, "decryption_key": "certs/out/gateway-enc.key"}
+    elif st.profile == "secureconversation":
         if st.trust:
             st.notes.append(f"{st.trust}: the gateway answers WS-Trust Issue/Cancel for its contexts (1.3 and 2005/02)")
         route["secureconversation"] = {"store": "sealed", "master_keys_file": "certs/out/sct-master-keys.yaml"}
