@@ -132,6 +132,65 @@ def cmd_client(args: argparse.Namespace) -> int:
     return 0
 
 
+FETCH_TIMEOUT_S = 10
+
+
+def _fetch(url: str, save: Path) -> bytes:
+    """The operator's fetch of a WSDL URL (never the gateway's): bounded in time and size, kept in `save`."""
+    import requests
+
+    from gateway.wsdl_import import MAX_BYTES, WsdlImportError
+
+    try:
+        with requests.get(url, timeout=FETCH_TIMEOUT_S, stream=True, allow_redirects=False) as resp:
+            resp.raise_for_status()
+            data = b""
+            for chunk in resp.iter_content(65536):
+                data += chunk
+                if len(data) > MAX_BYTES:
+                    raise WsdlImportError(f"{url}: larger than {MAX_BYTES} bytes")
+    except requests.RequestException as exc:
+        raise WsdlImportError(f"{url}: {exc}") from None
+    save.write_bytes(data)
+    print(f"# fetched {url} ({len(data)} bytes) into {save}", file=sys.stderr)
+    return data
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from gateway.wsdl_import import WsdlImportError, import_wsdl, render
+
+    source: str = args.wsdl
+    try:
+        if source.startswith(("http://", "https://")):
+            out_dir = args.out.parent if args.out else Path(".")
+            path = args.save_wsdl or out_dir / (Path(source.split("?", 1)[0].rstrip("/")).stem + ".wsdl")
+            data = _fetch(source, path)
+        else:
+            path = Path(source)
+            data = path.read_bytes()
+        imported = import_wsdl(
+            data, path, source, service=args.service, port=args.port, upstream=args.upstream, validate=args.validate
+        )
+    except (WsdlImportError, OSError) as exc:
+        print(f"wsgate import: {exc}", file=sys.stderr)
+        return 2
+    for note in imported.notes:
+        print(f"# note: {note}", file=sys.stderr)
+    for r in imported.routes:
+        for line in r.mapped.unmapped:
+            print(f"UNMAPPED {r.route['name']}: {line}", file=sys.stderr)
+    if not imported.routes:
+        print("wsgate import: no route the gateway can enforce", file=sys.stderr)
+        return 1
+    text = render(imported)
+    if args.out:
+        args.out.write_text(text)
+        print(f"# wrote {len(imported.routes)} routes to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wsgate", description="WSGate, a WS-Security offload gateway on Envoy.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -167,6 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--config-dir", type=Path, default=Path("run/envoy"))
     render.add_argument("--out", type=Path, help="write envoy.yaml, lds.yaml and cds.yaml into this folder")
     render.set_defaults(func=cmd_render)
+
+    imp = sub.add_parser("import", help="write route policies from a WSDL and its WS-SecurityPolicy")
+    imp.add_argument("wsdl", help="a WSDL file, or an http(s) URL fetched once, here (the gateway never fetches)")
+    imp.add_argument("--service", help="only this wsdl:service")
+    imp.add_argument("--port", help="only this wsdl:port")
+    imp.add_argument("--upstream", help="host:port of the backend, instead of the soap:address's")
+    imp.add_argument("--validate", action="store_true", help="turn on schema validation (schema_validation:)")
+    imp.add_argument("--save-wsdl", type=Path, help="where a fetched WSDL is kept (default: beside --out)")
+    imp.add_argument("-o", "--out", type=Path, help="write the policy file here (default: standard output)")
+    imp.set_defaults(func=cmd_import)
 
     certs = sub.add_parser("certs", help="demo PKI")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True)

@@ -195,28 +195,18 @@ def _wsdl_entries(route: Route, docs: list[wsdl_publish.Document], per_filter: d
 
 
 def _route_entries(route: Route, tls_listener: bool, published: Published) -> list[dict[str, Any]]:
-    """Envoy routes for one policy route (two when a SOAPAction is matched: the 1.1 header or the 1.2 action)."""
+    """Envoy routes for one policy route (three per SOAPAction matched: the 1.1 header, bare or quoted, or the 1.2
+    content-type action), after its published documents' GET routes."""
     matches: list[dict[str, Any]] = []
     # Case-insensitive: a backend that ignores case (IIS) must not read /RSA/ as a route Envoy did not choose.
     base = {"prefix": route.match.path_prefix, "case_sensitive": False}
     if route.match.soap_action is None:
         matches.append(base)
-    else:
-        quoted = '"' + route.match.soap_action + '"'
+    for action in route.match.soap_actions:
+        for header, value in (("soapaction", action), ("soapaction", f'"{action}"')):
+            matches.append({**base, "headers": [{"name": header, "string_match": {"exact": value}}]})
         matches.append(
-            {**base, "headers": [{"name": "soapaction", "string_match": {"exact": route.match.soap_action}}]}
-        )
-        matches.append({**base, "headers": [{"name": "soapaction", "string_match": {"exact": quoted}}]})
-        matches.append(
-            {
-                **base,
-                "headers": [
-                    {
-                        "name": "content-type",
-                        "string_match": {"contains": f'action="{route.match.soap_action}"'},
-                    }
-                ],
-            }
+            {**base, "headers": [{"name": "content-type", "string_match": {"contains": f'action="{action}"'}}]}
         )
 
     refusals = []

@@ -41,7 +41,12 @@ class FieldError(ValueError):
 
 class Match(Strict):
     path_prefix: str = Field(pattern=r"^/")
-    soap_action: str | None = None  # exact SOAPAction header value (quotes stripped), when given
+    # The exact SOAPAction header value (quotes stripped), or one of several (a WSDL binding's operations).
+    soap_action: str | Annotated[list[str], Field(min_length=1)] | None = None
+
+    @property
+    def soap_actions(self) -> list[str]:
+        return [self.soap_action] if isinstance(self.soap_action, str) else list(self.soap_action or [])
 
 
 class Upstream(Strict):
@@ -477,10 +482,11 @@ def load_dir(directory: Path | str) -> PolicySet:
             routes.append(r)
     seen: dict[tuple[str, str | None], str] = {}
     for r in routes:
-        key = (r.match.path_prefix.lower(), r.match.soap_action)  # Envoy matches prefixes ignoring case
-        if key in seen:
-            errors.append(f"{sources[r.name]}: route {r.name}: field match: same match as route {seen[key]}")
-        seen[key] = r.name
+        for action in r.match.soap_actions or [None]:
+            key = (r.match.path_prefix.lower(), action)  # Envoy matches prefixes ignoring case
+            if key in seen and seen[key] != r.name:
+                errors.append(f"{sources[r.name]}: route {r.name}: field match: same match as route {seen[key]}")
+            seen[key] = r.name
         if r.upstream.timeout_s >= edge.stream_idle_timeout_s:
             errors.append(
                 f"{sources[r.name]}: route {r.name}: field upstream.timeout_s: {r.upstream.timeout_s:g} s is not below "

@@ -4,7 +4,7 @@ clients, served by Envoy itself (gateway/envoy_config.py: GET or HEAD on the rou
 The named WSDL is served at `<path>?wsdl`, each document it reaches at `<path>?wsdl=<n>` (WSDL) or `?xsd=<n>`
 (schema), n its position in filters/wsdl.py's breadth-first order (stable while the files are). Rewritten: every
 import's location to those URLs, every soap:address and soap12:address to the gateway's URL for the route, and
-the WS-SecurityPolicy to the gateway's (gateway/security_policy.py). The gateway's URL is `edge.public_url`, or
+the WS-SecurityPolicy to the gateway's (gateway/published_policy.py). The gateway's URL is `edge.public_url`, or
 the listener the route is served on; never the request's Host header, which the client writes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from lxml import etree
 
 from filters import wsdl
-from gateway import security_policy
+from gateway import published_policy
 from gateway.policy import Edge, Route
 
 ADDRESSES = ("{http://schemas.xmlsoap.org/wsdl/soap/}address", "{http://schemas.xmlsoap.org/wsdl/soap12/}address")
@@ -56,6 +56,6 @@ def documents(route: Route, base: str) -> list[Document]:
         if doc.kind == "wsdl":
             for address in root.iter(*ADDRESSES):
                 address.set("location", service)
-            security_policy.rewrite(root, route)
+            published_policy.rewrite(root, route)
         out.append(Document(query, value, etree.tostring(root, xml_declaration=True, encoding="UTF-8")))
     return out
