@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 from lxml import etree
 
+from filters import wsdl
 from filters.xmlsupport import ExternalResourceRefused, parser
 from gateway.security_policy import PROFILE_STRENGTH, Mapped, map_policy
 
@@ -400,12 +401,24 @@ def _port_routes(
         if all(actions):
             match["soap_action"] = actions[0] if len(actions) == 1 else actions
         route: dict[str, object] = {"name": name, "match": match, "upstream": upstream, **mapped.route}
-        if path is not None:
+        # The gateway reads the WSDL (and everything it imports) when the policy loads: name it only if it can.
+        unreadable = _unreadable(path) if path is not None else "the WSDL was not saved to a file"
+        if unreadable is None:
             route["wsdl"] = {"file": str(path), "publish": True}
-        if validate:
-            route["schema_validation"] = {"requests": True, "responses": True, "xsd_files": []}
+            if validate:
+                route["schema_validation"] = {"requests": True, "responses": True, "xsd_files": []}
+        else:
+            mapped.unmapped.append(f"wsdl: not published and no schema validation: {unreadable}")
         out.append(ImportedRoute(route, p.soap_version, [op.name for op in ops], mapped))
     return out
+
+
+def _unreadable(path: Path) -> str | None:
+    try:
+        wsdl.load(path)
+    except wsdl.DocumentError as exc:
+        return str(exc)
+    return None
 
 
 def render(imported: Imported) -> str:

@@ -129,6 +129,18 @@ def test_wsdl_without_policy_gives_an_xml_route_and_says_so(tmp_path: Path) -> N
     assert "profile: xml" in done.stdout and "no WS-Policy attached" in done.stdout
 
 
+def test_a_wsdl_whose_imports_cannot_be_read_is_not_named_for_publishing(tmp_path: Path) -> None:
+    # The gateway loads a route's wsdl.file with everything it imports when the policy loads: an import left
+    # behind (a WSDL copied out of its project) must not give a policy `wsgate check` refuses.
+    fixture = (FIXTURES / "cxf-DoubleItX509.wsdl").read_bytes()
+    alone = tmp_path / "DoubleItX509.wsdl"
+    alone.write_bytes(fixture)
+    routes = {r.route["name"]: r for r in import_wsdl(fixture, alone, str(alone)).routes}
+    got = routes["doubleitasymmetricsignencryptport"]
+    assert "wsdl" not in got.route
+    assert any(u.startswith("wsdl: not published") and "DoubleItLogical.wsdl" in u for u in got.mapped.unmapped)
+
+
 SOAP12_WSDL = """<?xml version="1.0"?>
 <wsdl:definitions xmlns:wsdl="http://schemas.xmlsoap.org/wsdl/" xmlns:soap12="http://schemas.xmlsoap.org/wsdl/soap12/"
     xmlns:wsp="http://www.w3.org/ns/ws-policy" xmlns:sp="http://docs.oasis-open.org/ws-sx/ws-securitypolicy/200702"
