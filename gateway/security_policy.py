@@ -367,10 +367,13 @@ def _route(st: _State) -> dict[str, object]:
     if st.encrypt_request or st.encrypt_response or encryption:
         enc: dict[str, object] = {"require_request": st.encrypt_request, "encrypt_response": st.encrypt_response}
         route["encryption"] = {**enc, **encryption}
-    if st.encrypt_signature:
-        st.notes.append("EncryptSignature: an encrypted request Signature is accepted; the gateway's response "
-                        "Signature is not encrypted")  # fmt: skip
-        st.unmapped.append("EncryptSignature (responses): the gateway's response Signature travels unencrypted")
+    if st.encrypt_signature and st.encrypt_response:
+        route["encryption"]["encrypt_signature"] = True  # type: ignore[index]
+        st.notes.append("EncryptSignature: an encrypted request Signature is accepted; the response's Signature is "
+                        "encrypted with its Body")  # fmt: skip
+    elif st.encrypt_signature:
+        st.unmapped.append("EncryptSignature (responses): the response Body is not encrypted, so neither is its "
+                           "Signature")  # fmt: skip
     if st.profile in ("rsa", "secureconversation"):  # secureconversation: the Issue request is checked like rsa
         route["rsa"] = {"trust_anchors": ["certs/out/ca.pem"], "key": "certs/out/gateway-sign.key",
                         "certificate": "certs/out/gateway-sign.pem", "decryption_key": "certs/out/gateway-enc.key",

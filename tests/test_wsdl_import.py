@@ -61,7 +61,7 @@ EXPECTED = {
     ("wcf-wssec10/WsSecurity10.wsdl", "mutualcertificate10signencrypt-ipingservice"): (
         "rsa", "/Security_WsSecurity_Service_Indigo/WsSecurity10.svc/MutualCertificate10SignEncrypt",
         "http://WSSec/wssec10/echo", {"address": "localhost:9002"}, ["body", "timestamp"],
-        ["rsa-sha1"], (True, True, ["aes256-gcm"]), ["RequireSignatureConfirmation", "EncryptSignature"]),
+        ["rsa-sha1"], (True, True, ["aes256-gcm"]), ["RequireSignatureConfirmation"]),
 }  # fmt: skip
 
 
@@ -93,6 +93,14 @@ def test_policies_the_gateway_cannot_enforce_give_no_route() -> None:
     assert "doubleitsymmetricendorsingport" not in x509
     wcf = imported("wcf-wssec10/WsSecurity10.wsdl")
     assert not any("tripledes" in n for n in wcf)
+
+
+def test_encrypt_signature_encrypts_the_response_signature_too() -> None:
+    # A client whose policy says EncryptSignature expects the reply's Signature hidden as well: it covers the
+    # plaintext Body's digest, which would let an eavesdropper test guesses of the encrypted Body.
+    got = imported("wcf-wssec10/WsSecurity10.wsdl")["mutualcertificate10signencrypt-ipingservice"]
+    assert got.route["encryption"]["encrypt_signature"] is True
+    assert Route.model_validate({**got.route, "upstream": {"address": "h:1"}}).encryption.encrypt_signature
 
 
 def test_cbc_and_rsa15_suites_are_named_and_mapped_to_the_safer_choice() -> None:
