@@ -111,7 +111,10 @@ def cmd_client(args: argparse.Namespace) -> int:
         print(f"wsgate client: {exc}", file=sys.stderr)
         return 2
     verify: str | bool = str(args.certs / "ca.pem") if args.url.startswith("https") else True
-    post = http_post(args.url, verify=verify, timeout=args.timeout, soap_action=args.soap_action)
+    # A route that matches one SOAPAction is reached only with it: send it unless told otherwise.
+    actions = route.match.soap_actions
+    soap_action = args.soap_action or (actions[0] if len(actions) == 1 else None)
+    post = http_post(args.url, verify=verify, timeout=args.timeout, soap_action=soap_action)
     session = route.profile == "secureconversation"
     try:
         if session:
