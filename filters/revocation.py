@@ -386,7 +386,7 @@ class RevocationChecker:
         self.refresh()
         for cert, issuer in itertools.pairwise(chain):
             status = self.status(cert, issuer, now)
-            who = f"certificate {_subject(cert)!r} (serial {cert.serial_number:x})"
+            who = f"certificate {_subject(cert)!r} (serial {cert.serial_number:X})"
             if status.state == "revoked":
                 raise faults.security("FailedAuthentication", f"{who} is revoked: {status.detail}")
             if status.state == "unknown" and self.policy.on_unknown == "fail":
