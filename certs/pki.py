@@ -58,23 +58,27 @@ def _key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def make_ca(cn: str, days: int = 3650) -> Issued:
+def make_ca(cn: str, days: int = 3650, parent: Issued | None = None) -> Issued:
+    """A self-signed root CA, or an intermediate CA certified by `parent`."""
     key = _key()
     now = dt.datetime.now(dt.UTC)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(_name(cn))
-        .issuer_name(_name(cn))
+        .issuer_name(parent.cert.subject if parent else _name(cn))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0 if parent else None), critical=True)
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
     )
-    return Issued(key, cert)
+    if parent:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(parent.key.public_key()), critical=False
+        )
+    return Issued(key, builder.sign(parent.key if parent else key, hashes.SHA256()))
 
 
 def issue(

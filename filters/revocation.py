@@ -342,9 +342,14 @@ def _ocsp_status(
     )
     der = request.public_bytes(serialization.Encoding.DER)
     why: list[str] = []
+    deadline = time.monotonic() + timeout_s  # for all of them: the worker waits
     for url in urls:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            why.append(f"OCSP {url}: not asked, out of time")
+            continue
         try:
-            state, detail, until = _ocsp_answer(_post(url, der, timeout_s), request, nonce, issuer, now)
+            state, detail, until = _ocsp_answer(_post(url, der, left), request, nonce, issuer, now)
         except (OSError, ValueError) as exc:  # URLError and timeouts are OSErrors
             why.append(f"OCSP {url}: {getattr(exc, 'reason', None) or exc}")
             continue
