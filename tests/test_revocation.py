@@ -416,3 +416,70 @@ def test_the_policy_caps_how_long_an_answer_is_kept(gw: Gateway, setup: Setup) -
     time.sleep(1.2)  # max_cache_s: 1, though the answer is good for a day
     assert send(gw, setup, "capped") == "ok"
     assert setup.capped.hits == 2
+
+
+# --- policy and the demo PKI's tools ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "revocation, error",
+    [
+        ({"mode": "crl"}, "mode crl needs crl_files"),
+        ({"mode": "both", "ocsp_responder": "http://ocsp.example/"}, "mode both needs crl_files"),
+        ({"mode": "ocsp", "crl_files": ["ca.crl"]}, "crl_files are not read with mode ocsp"),
+        ({"mode": "ocsp", "ocsp_responder": "ldap://ocsp.example/"}, "should match pattern"),
+        ({"mode": "ocsp", "timeout_s": 5}, "less than or equal to 2"),  # Envoy gives the filter 3 s
+        ({"mode": "ocsp", "on_unknown": "ignore"}, "'fail' or 'allow'"),
+    ],
+)
+def test_a_revocation_policy_that_cannot_work_is_refused(pki: Path, revocation: dict, error: str) -> None:
+    doc = route_doc(pki, "rsa", rsa={"revocation": revocation})
+    doc["upstream"] = {"address": "127.0.0.1:1"}
+    with pytest.raises(ValueError, match=error):
+        Route.model_validate(doc)
+
+
+def test_wsgate_certs_revoke_publishes_the_crl_and_the_openssl_index(tmp_path: Path) -> None:
+    from gateway import cli
+
+    out = pki_mod.init(tmp_path / "pki")
+    client_cert = keys.load_certificate(out / "client.pem")
+    assert not x509.load_pem_x509_crl((out / "ca.crl").read_bytes()).get_revoked_certificate_by_serial_number(
+        client_cert.serial_number
+    )
+    run = cli.build_parser().parse_args
+    assert cli.cmd_revoke(run(["certs", "revoke", "demo-client", "--out", str(out), "--reason", "keyCompromise"])) == 0
+    crl = x509.load_pem_x509_crl((out / "ca.crl").read_bytes())
+    assert crl.is_signature_valid(keys.load_certificate(out / "ca.pem").public_key())  # type: ignore[arg-type]
+    entry = crl.get_revoked_certificate_by_serial_number(client_cert.serial_number)
+    assert entry is not None and entry.extensions.get_extension_for_class(x509.CRLReason).value.reason.name == (
+        "key_compromise"
+    )
+    rows = [r.split("\t") for r in (out / "index.txt").read_text().splitlines()]
+    revoked = [r for r in rows if r[0] == "R"]
+    assert len(revoked) == 1
+    # As openssl writes and looks serials up: upper-case hex in whole bytes.
+    serial = revoked[0][3]
+    assert int(serial, 16) == client_cert.serial_number and serial == serial.upper() and len(serial) % 2 == 0
+    assert revoked[0][2].endswith(",keyCompromise") and revoked[0][5] == "/O=WSGate Demo/CN=Demo Client"
+    assert cli.cmd_revoke(run(["certs", "revoke", "nobody", "--out", str(out)])) == 1
+    assert cli.cmd_revoke(run(["certs", "revoke", "rogue", "--out", str(out)])) == 1  # not the demo CA's
+
+
+def test_certs_init_gives_a_kept_pki_what_revocation_needs(tmp_path: Path) -> None:
+    out = pki_mod.init(tmp_path / "pki")
+    ca = load(out, "ca")
+    for name in ("index.txt", "ocsp.pem", "ocsp.key", "crlnumber"):
+        (out / name).unlink()
+    (out / "ca.crl").write_bytes(make_crl(ca, next=dt.timedelta(hours=12)))  # near its nextUpdate
+    pki_mod.init(out)
+    crl = x509.load_pem_x509_crl((out / "ca.crl").read_bytes())
+    assert crl.next_update_utc and crl.next_update_utc > NOW + dt.timedelta(days=pki_mod.CRL_DAYS - 1)
+    responder = keys.load_certificate(out / "ocsp.pem")
+    assert (
+        x509.ExtendedKeyUsageOID.OCSP_SIGNING
+        in responder.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    )
+    stems = {r.split("\t")[5].rsplit("=", 1)[1] for r in (out / "index.txt").read_text().splitlines()}
+    assert {"Demo Client", "Demo Client Two", "WSGate Gateway Signing"} <= stems
+    assert "Rogue" not in " ".join(stems)
