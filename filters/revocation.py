@@ -132,8 +132,10 @@ class CrlFile:
         try:
             st = os.stat(self.path)
         except OSError as exc:
-            if self.current is None:
-                self.problem = f"CRL file {self.path}: {exc.strerror}"
+            problem = f"CRL file {self.path}: {exc.strerror}"
+            if self.current is None and problem != self.problem:
+                log.error("%s: its issuers' certificates have no CRL status", problem)
+                self.problem = problem
             return False
         seen = (st.st_mtime_ns, st.st_size, st.st_ino)
         if seen == self._seen:
