@@ -8,7 +8,8 @@ nextUpdate, not one per message; a revoked answer is cached too, and a failed lo
 responder does not make every message wait out the timeout). When no source can tell, the policy decides:
 refuse (the default) or accept with a warning in the log.
 
-The engine is synchronous: an OCSP lookup on a cache miss holds the worker for at most `timeout_s`."""
+The engine is synchronous: an OCSP lookup on a cache miss holds the worker for at most `timeout_s`; answers
+in use are fetched anew in the background before they expire."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import itertools
 import logging
 import os
 import secrets
+import threading
 import time
 import urllib.request
 from collections import OrderedDict
@@ -43,6 +45,7 @@ CLOCK_SKEW = dt.timedelta(minutes=5)  # thisUpdate may lie this far in the futur
 NO_NEXT_UPDATE_AGE = dt.timedelta(minutes=5)  # an OCSP answer without nextUpdate must be this fresh
 CACHE_SIZE = 10_000
 MAX_OCSP_RESPONSE = 256 * 1024
+MAX_REFRESHING = 8  # background OCSP refreshes at once, per route and worker
 
 State = Literal["good", "revoked", "unknown"]
 
@@ -367,10 +370,15 @@ def _ocsp_status(
 class _Cached:
     status: Status
     crl_generation: int  # CRL answers hold until a CRL file changes
+    refresh_at: dt.datetime  # from here on, an OCSP answer is fetched anew in the background
 
 
 class RevocationChecker:
-    """Checks a validated chain (leaf first, anchor last) as `policy` says; raises FailedAuthentication."""
+    """Checks a validated chain (leaf first, anchor last) as `policy` says; raises FailedAuthentication.
+
+    With OCSP, an answer in the last quarter of its life is fetched anew on a background thread when a message
+    uses it (the worker's thread goes on with the cached answer), so steady traffic never waits for a responder;
+    the new answer replaces the old one unless it is no answer at all."""
 
     def __init__(self, policy: RevocationPolicy, issuers: Sequence[x509.Certificate], *, cache_size: int = CACHE_SIZE):
         self.policy = policy
@@ -380,6 +388,8 @@ class RevocationChecker:
         self._generation = 0
         self._size = cache_size
         self._cache: OrderedDict[tuple[bytes, int], _Cached] = OrderedDict()
+        self._lock = threading.Lock()  # the cache, between the worker's thread and refreshes
+        self._refreshing: set[tuple[bytes, int]] = set()
         self._max_age = dt.timedelta(seconds=policy.max_cache_s)
         self.refresh()
 
@@ -402,20 +412,43 @@ class RevocationChecker:
     def status(self, cert: x509.Certificate, issuer: x509.Certificate, now: dt.datetime) -> Status:
         """The cached answer while valid, else a fresh one from the policy's sources."""
         key = (_key_hash(issuer), cert.serial_number)
-        hit = self._cache.get(key)
-        if hit is not None and hit.crl_generation == self._generation and now < hit.status.until:
-            self._cache.move_to_end(key)
-            return hit.status
-        status = self._lookup(cert, issuer, now)
-        status = Status(status.state, status.detail, min(status.until, now + self._max_age))
-        self._cache[key] = _Cached(status, self._generation)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._size:
-            self._cache.popitem(last=False)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None and hit.crl_generation == self._generation and now < hit.status.until:
+                self._cache.move_to_end(key)
+                stale = self._ocsp and hit.status.state != "unknown" and now >= hit.refresh_at
+                if stale and key not in self._refreshing and len(self._refreshing) < MAX_REFRESHING:
+                    self._refreshing.add(key)
+                    threading.Thread(target=self._refresh, args=(key, cert, issuer), daemon=True).start()
+                return hit.status
+        status = self._store(key, self._lookup(cert, issuer, now), self._generation, now)
         if status.state == "unknown" and self.policy.on_unknown == "allow":
             log.warning("accepted without revocation status (on_unknown: allow): certificate %r: %s",
                         _subject(cert), status.detail)  # fmt: skip
         return status
+
+    def _store(self, key: tuple[bytes, int], status: Status, generation: int, now: dt.datetime) -> Status:
+        until = min(status.until, now + self._max_age)
+        status = Status(status.state, status.detail, until)
+        with self._lock:
+            self._cache[key] = _Cached(status, generation, now + (until - now) * 3 / 4)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+        return status
+
+    def _refresh(self, key: tuple[bytes, int], cert: x509.Certificate, issuer: x509.Certificate) -> None:
+        try:
+            generation, now = self._generation, dt.datetime.now(dt.UTC)
+            status = self._lookup(cert, issuer, now)
+            if status.state != "unknown":
+                self._store(key, status, generation, now)
+            else:
+                log.warning("revocation status of %r not refreshed, the cached answer stays: %s", _subject(cert),
+                            status.detail)  # fmt: skip
+        finally:
+            with self._lock:
+                self._refreshing.discard(key)
 
     def _lookup(self, cert: x509.Certificate, issuer: x509.Certificate, now: dt.datetime) -> Status:
         """Either source may revoke; one good answer (and no revocation) is enough."""

@@ -154,6 +154,7 @@ class Setup:
     forgeries: dict[str, PythonResponder]
     counted: PythonResponder  # answers valid for 3 s
     capped: PythonResponder  # answers valid for a day, on a route that keeps them 1 s
+    ahead: PythonResponder  # answers valid for 4 s
     routes: list[dict]
 
 
@@ -207,6 +208,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     }
     counted = PythonResponder(Forgery(responder, next_update=dt.timedelta(seconds=3)))
     capped = PythonResponder(Forgery(responder, next_update=dt.timedelta(days=1)))
+    ahead = PythonResponder(Forgery(responder, next_update=dt.timedelta(seconds=4)))
     dead = f"http://127.0.0.1:{dead_port}/"
 
     def rsa(name: str, **revocation: object) -> dict:
@@ -228,6 +230,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         rsa("soft", mode="ocsp", ocsp_responder=dead, timeout_s=1, on_unknown="allow"),
         rsa("counted", mode="ocsp", ocsp_responder=counted.url),
         rsa("capped", mode="ocsp", ocsp_responder=capped.url, max_cache_s=1),
+        rsa("ahead", mode="ocsp", ocsp_responder=ahead.url),
         *(rsa(name, mode="ocsp", ocsp_responder=r.url) for name, r in forgeries.items()),
     ]
     sc = route_doc(
@@ -238,12 +241,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     routes.append(sc)
     try:
         wait_until_listening(out / "openssl-ocsp.log", proc)
-        yield Setup(out, ca, inter, rogue, f"http://127.0.0.1:{port}/", forgeries, counted, capped, routes)
+        yield Setup(out, ca, inter, rogue, f"http://127.0.0.1:{port}/", forgeries, counted, capped, ahead, routes)
     finally:
         proc.kill()
         proc.wait(timeout=10)
         log.close()
-        for r in [*forgeries.values(), counted, capped]:
+        for r in [*forgeries.values(), counted, capped, ahead]:
             r.close()
 
 
@@ -483,3 +486,15 @@ def test_certs_init_gives_a_kept_pki_what_revocation_needs(tmp_path: Path) -> No
     stems = {r.split("\t")[5].rsplit("=", 1)[1] for r in (out / "index.txt").read_text().splitlines()}
     assert {"Demo Client", "Demo Client Two", "WSGate Gateway Signing"} <= stems
     assert "Rogue" not in " ".join(stems)
+
+
+def test_answers_in_use_are_refreshed_before_they_expire(gw: Gateway, setup: Setup) -> None:
+    start = time.monotonic()
+    assert send(gw, setup, "ahead") == "ok"
+    assert setup.ahead.hits == 1
+    time.sleep(max(0.0, start + 3.2 - time.monotonic()))  # in the answer's last quarter
+    assert send(gw, setup, "ahead") == "ok"  # the cached answer; a new one is fetched beside
+    assert eventually(lambda: setup.ahead.hits == 2, timeout=3)
+    time.sleep(max(0.0, start + 4.5 - time.monotonic()))  # past the first answer's nextUpdate
+    assert send(gw, setup, "ahead") == "ok"
+    assert setup.ahead.hits == 2  # no message waited for the responder
