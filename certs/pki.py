@@ -11,6 +11,9 @@ Everything lands in a git-ignored folder (certs/out by default); no private key 
 | client.pem / .key | a client: signs requests, decrypts responses, TLS client certificate |
 | client2.pem / .key | a second trusted client, for allow-lists |
 | rogue-ca.pem, rogue.pem / .key | a client from a CA the gateway does not trust |
+| ocsp.pem / .key | the demo CA's OCSP responder (OCSPSigning), for `openssl ocsp -index index.txt ...` |
+| index.txt | what the demo CA issued and revoked, in `openssl ca`'s format (`wsgate certs revoke`) |
+| ca.crl | the demo CA's CRL (PEM), published by `init` and `wsgate certs revoke` |
 | hmac-keys.yaml | pre-shared HMAC keys by name |
 | users.yaml | UsernameToken users: salted hashes, digest-capable entries where PasswordDigest needs them |
 | sct-master-keys.yaml | master keys that seal SecureConversation contexts |
@@ -31,10 +34,14 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
 DEFAULT_DIR = Path("certs/out")
 DEMO_USERS = {"alice": "alice-demo-password", "bob": "bob-demo-password"}
+DEMO_OCSP_URL = "http://127.0.0.1:8890/"  # where `openssl ocsp -port 8890` answers for the demo CA
+CRL_DAYS = 7  # the demo CRL's nextUpdate; `init` publishes a new one when fewer than CRL_RENEW_DAYS remain
+CRL_RENEW_DAYS = 2
+REVOCATION_REASONS = ("unspecified", "keyCompromise", "affiliationChanged", "superseded", "cessationOfOperation")
 
 
 @dataclass(frozen=True)
@@ -51,23 +58,27 @@ def _key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def make_ca(cn: str, days: int = 3650) -> Issued:
+def make_ca(cn: str, days: int = 3650, parent: Issued | None = None) -> Issued:
+    """A self-signed root CA, or an intermediate CA certified by `parent`."""
     key = _key()
     now = dt.datetime.now(dt.UTC)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(_name(cn))
-        .issuer_name(_name(cn))
+        .issuer_name(parent.cert.subject if parent else _name(cn))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0 if parent else None), critical=True)
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
     )
-    return Issued(key, cert)
+    if parent:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(parent.key.public_key()), critical=False
+        )
+    return Issued(key, builder.sign(parent.key if parent else key, hashes.SHA256()))
 
 
 def issue(
@@ -78,8 +89,11 @@ def issue(
     client_auth: bool = False,
     days: int = 825,
     not_before: dt.datetime | None = None,
+    ocsp_url: str | None = None,
+    ocsp_signing: bool = False,
 ) -> Issued:
-    """An end-entity certificate signed by `ca`; SANs make it a TLS server certificate."""
+    """An end-entity certificate signed by `ca`; SANs make it a TLS server certificate, `ocsp_url` names the
+    issuer's OCSP responder (Authority Information Access), `ocsp_signing` makes it that responder."""
     key = _key()
     start = not_before or dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     builder = (
@@ -95,7 +109,17 @@ def issue(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)
     )
-    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth or not server_names else []
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth or not (server_names or ocsp_signing) else []
+    if ocsp_signing:
+        usages.append(ExtendedKeyUsageOID.OCSP_SIGNING)
+        builder = builder.add_extension(x509.OCSPNoCheck(), critical=False)
+    if ocsp_url:
+        builder = builder.add_extension(
+            x509.AuthorityInformationAccess(
+                [x509.AccessDescription(AuthorityInformationAccessOID.OCSP, x509.UniformResourceIdentifier(ocsp_url))]
+            ),
+            critical=False,
+        )
     if server_names:
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         sans: list[x509.GeneralName] = []
@@ -128,20 +152,27 @@ def hash_password(password: str, salt: bytes | None = None) -> str:
     return f"scrypt${n}${r}${p}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
 
-def init(out: Path = DEFAULT_DIR, force: bool = False) -> Path:
-    """Make the demo PKI in `out` unless it is already there (or `force`). Returns `out`."""
+def init(out: Path = DEFAULT_DIR, force: bool = False, ocsp_url: str = DEMO_OCSP_URL) -> Path:
+    """Make the demo PKI in `out` unless it is already there (or `force`). Returns `out`. A kept PKI gets what
+    revocation needs if it lacks it (index, OCSP responder, CRL), and a new CRL when its own is near nextUpdate."""
     out = Path(out)
     if (out / "ca.pem").exists() and not force:
+        ensure_revocation(out)
         return out
     out.mkdir(parents=True, exist_ok=True)
     (out / ".gitignore").write_text("*\n")
+    (out / "index.txt").write_text("")
     ca = make_ca("WSGate Demo CA")
     _write(out, "ca", ca)
     _write(out, "gateway-tls", issue(ca, "localhost", server_names=["localhost", "127.0.0.1"]))
     _write(out, "gateway-sign", issue(ca, "WSGate Gateway Signing"))
     _write(out, "gateway-enc", issue(ca, "WSGate Gateway Encryption"))
-    _write(out, "client", issue(ca, "Demo Client", client_auth=True))
-    _write(out, "client2", issue(ca, "Demo Client Two", client_auth=True))
+    _write(out, "client", issue(ca, "Demo Client", client_auth=True, ocsp_url=ocsp_url))
+    _write(out, "client2", issue(ca, "Demo Client Two", client_auth=True, ocsp_url=ocsp_url))
+    _write(out, "ocsp", issue(ca, "WSGate Demo OCSP Responder", ocsp_signing=True))
+    for stem in ("gateway-tls", "gateway-sign", "gateway-enc", "client", "client2", "ocsp"):
+        record(out, load_pem_certificate(out / f"{stem}.pem"))
+    publish_crl(out)
     rogue_ca = make_ca("Rogue CA")
     _write(out, "rogue-ca", rogue_ca)
     _write(out, "rogue", issue(rogue_ca, "Demo Client", client_auth=True))
@@ -162,3 +193,138 @@ def init(out: Path = DEFAULT_DIR, force: bool = False) -> Path:
         if p.suffix in (".key", ".yaml"):
             p.chmod(0o600)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Revocation: an `openssl ca`-style index (so `openssl ocsp -index` can answer from it) and the CRL made from it
+
+
+def load_pem_certificate(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def load_ca(out: Path) -> Issued:
+    key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
+    assert isinstance(key, rsa.RSAPrivateKey)
+    return Issued(key, load_pem_certificate(out / "ca.pem"))
+
+
+def _index_time(when: dt.datetime) -> str:
+    """openssl's index time: UTCTime before 2050, GeneralizedTime after (RFC 5280 4.1.2.5)."""
+    return when.strftime("%y%m%d%H%M%SZ" if when.year < 2050 else "%Y%m%d%H%M%SZ")
+
+
+def _serial_hex(serial: int) -> str:
+    """As openssl writes (and looks up) a serial in the index: upper-case hex in whole bytes."""
+    text = f"{serial:X}"
+    return text.rjust(len(text) + len(text) % 2, "0")
+
+
+def _oneline(name: x509.Name) -> str:
+    return "".join(f"/{a.rfc4514_attribute_name}={a.value}" for a in name)
+
+
+def _index(out: Path) -> list[list[str]]:
+    path = out / "index.txt"
+    return [line.split("\t") for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def _write_index(out: Path, rows: list[list[str]]) -> None:
+    (out / "index.txt").write_text("".join("\t".join(r) + "\n" for r in rows))
+
+
+def record(out: Path, cert: x509.Certificate) -> None:
+    """Enter an issued certificate in the index as valid (once)."""
+    rows = _index(out)
+    serial = _serial_hex(cert.serial_number)
+    if any(r[3] == serial for r in rows):
+        return
+    rows.append(["V", _index_time(cert.not_valid_after_utc), "", serial, "unknown", _oneline(cert.subject)])
+    _write_index(out, rows)
+
+
+def find_certificate(out: Path, name: str) -> Path:
+    """A certificate of the demo PKI by file stem (`client`) or common name slug (`demo-client`)."""
+    for path in sorted(out.glob("*.pem")):
+        cert = load_pem_certificate(path)
+        cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        slug = str(cns[0].value).lower().replace(" ", "-") if cns else ""
+        if name in (path.stem, slug):
+            return path
+    raise KeyError(name)
+
+
+def revoke(out: Path, name: str, reason: str = "unspecified") -> x509.Certificate:
+    """Mark a demo certificate revoked in the index and publish a new CRL; returns the certificate."""
+    if reason not in REVOCATION_REASONS:
+        raise ValueError(f"reason {reason!r}: one of {', '.join(REVOCATION_REASONS)}")
+    cert = load_pem_certificate(find_certificate(out, name))
+    ca = load_ca(out)
+    if cert.issuer != ca.cert.subject or cert.subject == ca.cert.subject:
+        raise ValueError(f"{name}: not a certificate the demo CA issued")
+    record(out, cert)
+    rows = _index(out)
+    serial = _serial_hex(cert.serial_number)
+    for row in rows:
+        if row[3] == serial and row[0] == "V":
+            row[0], row[2] = "R", f"{_index_time(dt.datetime.now(dt.UTC))},{reason}"
+    _write_index(out, rows)
+    publish_crl(out)
+    return cert
+
+
+def publish_crl(out: Path, days: int = CRL_DAYS) -> Path:
+    """ca.crl from the index's revoked entries, signed by the demo CA, numbered one past the last."""
+    ca = load_ca(out)
+    now = dt.datetime.now(dt.UTC)
+    number_file = out / "crlnumber"
+    number = int(number_file.read_text()) + 1 if number_file.exists() else 1
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca.cert.subject)
+        .last_update(now - dt.timedelta(minutes=1))
+        .next_update(now + dt.timedelta(days=days))
+        .add_extension(x509.CRLNumber(number), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)
+    )
+    for status, _expiry, revoked, serial, *_ in _index(out):
+        if status != "R":
+            continue
+        when, _, reason = revoked.partition(",")
+        fmt = "%y%m%d%H%M%SZ" if len(when) == 13 else "%Y%m%d%H%M%SZ"
+        entry = (
+            x509.RevokedCertificateBuilder()
+            .serial_number(int(serial, 16))
+            .revocation_date(dt.datetime.strptime(when, fmt).replace(tzinfo=dt.UTC))
+        )
+        if reason and reason != "unspecified":
+            entry = entry.add_extension(x509.CRLReason(x509.ReasonFlags(reason)), critical=False)
+        builder = builder.add_revoked_certificate(entry.build())
+    crl = builder.sign(ca.key, hashes.SHA256())
+    path = out / "ca.crl"
+    tmp = out / "ca.crl.tmp"
+    tmp.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+    tmp.replace(path)  # readers see the old CRL or the new one, never half of it
+    number_file.write_text(f"{number}\n")
+    return path
+
+
+def ensure_revocation(out: Path) -> None:
+    """An older demo PKI: add the index (from the demo CA's certificates there) and the OCSP responder; then
+    publish a CRL if there is none or it is near its nextUpdate."""
+    ca = load_ca(out)
+    if not (out / "ocsp.pem").exists():
+        _write(out, "ocsp", issue(ca, "WSGate Demo OCSP Responder", ocsp_signing=True))
+        (out / "ocsp.key").chmod(0o600)
+    if not (out / "index.txt").exists():
+        (out / "index.txt").write_text("")
+        for path in sorted(out.glob("*.pem")):
+            cert = load_pem_certificate(path)
+            if cert.issuer == ca.cert.subject and cert.subject != ca.cert.subject:
+                record(out, cert)
+    crl_path = out / "ca.crl"
+    if crl_path.exists():
+        next_update = x509.load_pem_x509_crl(crl_path.read_bytes()).next_update_utc
+        if next_update and next_update - dt.datetime.now(dt.UTC) > dt.timedelta(days=CRL_RENEW_DAYS):
+            return
+    publish_crl(out)

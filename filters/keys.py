@@ -28,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from lxml import etree
 
 from filters import faults, ns
+from filters.revocation import RevocationChecker
 
 # lxml names a namespace it has to declare on its own after this table (ns0 otherwise); WSS4J's prefixes.
 for _prefix in ("wsse", "wsu", "wsse11", "ds", "xenc", "ec"):
@@ -121,6 +122,7 @@ class _Decision:
     subject: str
     valid_from: dt.datetime
     expires: dt.datetime
+    chain: tuple[x509.Certificate, ...]  # leaf first, anchor last: its revocation status is asked every time
 
 
 # Web PKI rules, except that a client certificate needs no subjectAltName: WS-Security signers are people and
@@ -136,19 +138,25 @@ class TrustStore:
     whether its subject is on that list.
 
     Positive decisions are cached by SHA-256 fingerprint until the earliest of the chain's not-after dates or
-    CACHE_TTL, so the hot path does not rebuild chains; the cache is bounded (least recently used goes)."""
+    CACHE_TTL, so the hot path does not rebuild chains; the cache is bounded (least recently used goes). With a
+    `revocation` checker, a cached chain is still checked on every use: the checker's own cache holds answers
+    only for their validity, so a trusted decision never outlives a revocation."""
 
     def __init__(
         self,
         anchors: list[x509.Certificate],
         allowed_subjects: list[str] | None = None,
         *,
+        intermediates: Sequence[x509.Certificate] = (),
+        revocation: RevocationChecker | None = None,
         cache_ttl: dt.timedelta = CACHE_TTL,
         cache_size: int = CACHE_SIZE,
     ) -> None:
         if not anchors:
             raise ValueError("a trust store needs at least one anchor")
         self._store = verification.Store(anchors)
+        self._intermediates = list(intermediates)
+        self._revocation = revocation
         self._allowed = None if allowed_subjects is None else [parse_dn(s) for s in allowed_subjects]
         self._ttl = cache_ttl
         self._size = cache_size
@@ -161,6 +169,8 @@ class TrustStore:
         hit = self._cache.get(fingerprint)
         if hit is not None and hit.valid_from <= now < hit.expires:
             self._cache.move_to_end(fingerprint)
+            if self._revocation is not None:
+                self._revocation.check(hit.chain, now)
             return hit.subject
         subject = cert.subject.rfc4514_string()
         verifier = (
@@ -171,15 +181,18 @@ class TrustStore:
             .build_client_verifier()
         )
         try:
-            chain = verifier.verify(cert, list(intermediates)).chain
+            chain = verifier.verify(cert, [*intermediates, *self._intermediates]).chain
         except verification.VerificationError as exc:
             raise faults.security("FailedAuthentication", f"certificate {subject!r} not trusted: {exc}") from None
         if self._allowed is not None and cert.subject not in self._allowed:
             raise faults.security("FailedAuthentication", f"subject {subject!r} is not on the allow-list")
+        if self._revocation is not None:
+            self._revocation.check(chain, now)
         self._cache[fingerprint] = _Decision(
             subject=subject,
             valid_from=max(c.not_valid_before_utc for c in chain),
             expires=min([now + self._ttl, *(c.not_valid_after_utc for c in chain)]),
+            chain=tuple(chain),
         )
         self._cache.move_to_end(fingerprint)
         while len(self._cache) > self._size:

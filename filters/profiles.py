@@ -20,6 +20,7 @@ from filters import secure_conversation as sc
 from filters import wssecurity_sending as sending
 from filters.optimizations import Optimizations
 from filters.pipeline import Exchange, Outcome, RoutePipeline, forward
+from filters.revocation import RevocationChecker
 from filters.soap import Envelope
 from filters.threat_protection import check_structure, parse_envelope
 from filters.username_token import Users
@@ -113,9 +114,7 @@ class SecuredPipeline(RoutePipeline):
         elif x509 and route.encryption.require_request:
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
         if x509:
-            self.credentials.trust = keys.TrustStore(
-                keys.load_certificates(route.rsa.trust_anchors), route.rsa.allowed_subjects
-            )
+            self.credentials.trust = _trust_store(route)
             self.credentials.known_certificates = keys.load_certificates(route.rsa.known_certificates)
             self.certificate = keys.load_certificate(route.rsa.certificate)
             self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
@@ -305,6 +304,18 @@ def context_security(
             algorithm=algorithm, secret=encrypting.key, secret_key_info=lambda: keys.str_reference(encrypting.id, dk)
         )
     return sign, enc, (signing.element, encrypting.element) if encrypt else (signing.element,)
+
+
+def _trust_store(route: Route) -> keys.TrustStore:
+    """The X.509 signer's trust (`rsa`, and the `secureconversation` bootstrap): anchors, intermediates,
+    allow-list, revocation."""
+    opts = route.rsa
+    anchors = keys.load_certificates(opts.trust_anchors)
+    intermediates = keys.load_certificates(opts.intermediates)
+    checker = None
+    if opts.revocation.mode != "off":
+        checker = RevocationChecker(opts.revocation, [*anchors, *intermediates])
+    return keys.TrustStore(anchors, opts.allowed_subjects, intermediates=intermediates, revocation=checker)
 
 
 def _key_info_for(ref: keys.KeyRef) -> Callable[[], etree._Element]:

@@ -83,8 +83,22 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_certs(args: argparse.Namespace) -> int:
     existed = (args.out / "ca.pem").exists()
-    out = pki.init(args.out, force=args.force)
+    out = pki.init(args.out, force=args.force, ocsp_url=args.ocsp_url)
     print(f"demo PKI {'kept' if existed and not args.force else 'written'} in {out}")
+    return 0
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    try:
+        cert = pki.revoke(args.out, args.name, args.reason)
+    except KeyError:
+        print(f"wsgate certs revoke: no certificate {args.name!r} in {args.out}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"wsgate certs revoke: {exc}", file=sys.stderr)
+        return 1
+    print(f"revoked {cert.subject.rfc4514_string()} (serial {cert.serial_number:X}, {args.reason}); "
+          f"published {args.out / 'ca.crl'}, {args.out / 'index.txt'}")  # fmt: skip
     return 0
 
 
@@ -245,7 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     init = certs_sub.add_parser("init", help="make the demo CA, certificates, HMAC keys and users")
     init.add_argument("--out", type=Path, default=pki.DEFAULT_DIR)
     init.add_argument("--force", action="store_true", help="replace an existing PKI")
+    init.add_argument("--ocsp-url", default=pki.DEMO_OCSP_URL, help="the OCSP responder named in client certificates")
     init.set_defaults(func=cmd_certs)
+    revoke = certs_sub.add_parser("revoke", help="revoke a demo certificate: index.txt (OCSP) and ca.crl")
+    revoke.add_argument("name", help="file stem (client) or common name slug (demo-client)")
+    revoke.add_argument("--out", type=Path, default=pki.DEFAULT_DIR)
+    revoke.add_argument("--reason", choices=pki.REVOCATION_REASONS, default="unspecified")
+    revoke.set_defaults(func=cmd_revoke)
 
     client = sub.add_parser(
         "client", help="secure a plain SOAP request as a route's policy asks, send it, open the reply"

@@ -154,8 +154,34 @@ class EncryptionPolicy(Strict):
         return self
 
 
+class RevocationPolicy(Strict):
+    """Whether the signer's certificate and its intermediates are still in good standing (filters/revocation.py).
+
+    `crl`: CRL files (PEM or DER; reloaded when they change); `ocsp`: the responder in `ocsp_responder`, else the
+    one in the certificate's Authority Information Access; `both`: either may revoke, one good answer suffices.
+    `on_unknown`: what a certificate no source can answer for gets: `fail` (refused) or `allow` (accepted, logged)."""
+
+    mode: Literal["off", "crl", "ocsp", "both"] = "off"
+    crl_files: list[str] = []
+    ocsp_responder: str | None = Field(default=None, pattern=r"^https?://")
+    on_unknown: Literal["fail", "allow"] = "fail"
+    # All OCSP requests of one lookup together; the worker waits for them. Within Envoy's 3 s for a filter's answer.
+    timeout_s: float = Field(default=1.5, gt=0, le=2)
+    max_cache_s: int = Field(default=3600, gt=0, le=7 * 86400)  # an answer is reused at most this long
+
+    @model_validator(mode="after")
+    def _sources(self) -> RevocationPolicy:
+        if self.mode in ("crl", "both") and not self.crl_files:
+            raise ValueError(f"mode {self.mode} needs crl_files")
+        if self.mode in ("off", "ocsp") and self.crl_files:
+            raise ValueError(f"crl_files are not read with mode {self.mode}")
+        return self
+
+
 class RsaOptions(Strict):
     trust_anchors: list[str] = ["certs/out/ca.pem"]
+    intermediates: list[str] = []  # CA certificates a signer's chain may go through (not trusted by themselves)
+    revocation: RevocationPolicy = RevocationPolicy()
     allowed_subjects: list[str] | None = None  # RFC 4514 subject strings; None: any the anchors vouch for
     known_certificates: list[str] = []  # signers named by SKI, thumbprint or IssuerSerial instead of a token
     sign_response: bool = True

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from lxml import etree
 
@@ -102,26 +100,15 @@ def test_allow_list(pki: Path) -> None:
 
 
 def test_intermediate_needed_to_build_the_chain(pki: Path) -> None:
-    root = ca(pki)
-    inter_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    inter_cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Issuing CA")]))
-        .issuer_name(root.cert.subject)
-        .public_key(inter_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - dt.timedelta(minutes=5))
-        .not_valid_after(NOW + dt.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(inter_key.public_key()), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(root.key.public_key()), critical=False)
-        .sign(root.key, hashes.SHA256())
-    )
-    leaf = pki_mod.issue(pki_mod.Issued(inter_key, inter_cert), "Chained Client", client_auth=True)
+    inter = pki_mod.make_ca("Issuing CA", days=30, parent=ca(pki))
+    inter_cert = inter.cert  # the CA that issues the leaf, not an anchor
+    leaf = pki_mod.issue(inter, "Chained Client", client_auth=True)
     with refused("FailedAuthentication"):
         store(pki).validate(leaf.cert, [], NOW)
     assert store(pki).validate(leaf.cert, [inter_cert], NOW) == "CN=Chained Client,O=WSGate Demo"
+    # Or from the policy (rsa.intermediates): the client sends only its own certificate.
+    configured = keys.TrustStore(keys.load_certificates([pki / "ca.pem"]), intermediates=[inter_cert])
+    assert configured.validate(leaf.cert, [], NOW) == "CN=Chained Client,O=WSGate Demo"
 
 
 def test_positive_decisions_cached_until_expiry(pki: Path) -> None:
