@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import shutil
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -112,3 +114,35 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.kill()
     proc.wait(timeout=10)
+
+
+class LoopbackHttp:
+    """A real HTTP server on a loopback port for tests: `answer(body) -> (content type, body)` serves every GET
+    and POST with 200; `paths` records each request's path (proof of what was, or was not, fetched)."""
+
+    def __init__(self, answer: Callable[[bytes], tuple[str, bytes]]) -> None:
+        self.paths: list[str] = []
+        paths = self.paths
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _serve(self) -> None:
+                paths.append(self.path)
+                content_type, body = answer(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                self.send_response(200)
+                self.send_header("content-type", content_type)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _serve
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

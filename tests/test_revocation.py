@@ -5,10 +5,8 @@ file that sign what a forger or a replayer would send; for `rsa` routes and the 
 from __future__ import annotations
 
 import datetime as dt
-import http.server
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from filters import keys
 from gateway.client import Client, ClientConfig, ClientError, http_post
 from gateway.policy import Route
 from gateway.supervisor import Gateway, free_ports
-from tests.harness import fault_code, running_gateway
+from tests.harness import LoopbackHttp, fault_code, running_gateway
 from tests.wss_helpers import echo, route_doc
 
 NOW = dt.datetime.now(dt.UTC)
@@ -96,25 +94,12 @@ class PythonResponder:
 
     def __init__(self, forgery: Forgery) -> None:
         self.forgery = forgery
-        self.hits = 0
-        responder = self
+        self.http = LoopbackHttp(lambda der: ("application/ocsp-response", self.answer(der)))
+        self.url = self.http.url + "/"
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                responder.hits += 1
-                body = responder.answer(self.rfile.read(int(self.headers["content-length"])))
-                self.send_response(200)
-                self.send_header("content-type", "application/ocsp-response")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    @property
+    def hits(self) -> int:
+        return len(self.http.paths)
 
     def answer(self, der: bytes) -> bytes:
         f = self.forgery
@@ -137,8 +122,7 @@ class PythonResponder:
         return builder.sign(f.signer.key, hashes.SHA256()).public_bytes(serialization.Encoding.DER)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 # --- the PKI, the responders, the gateway -------------------------------------------------------------

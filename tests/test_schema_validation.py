@@ -4,8 +4,6 @@ the schema documents themselves: nothing fetched from the network or outside the
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from prometheus_client import REGISTRY
 from filters import faults, ns, schema_validation, wsdl
 from filters.engine import Exchange, build_pipeline
 from gateway.policy import PolicyError, Route, load_dir
-from tests.harness import content_type, envelope, received, running_gateway, write_policies
+from tests.harness import LoopbackHttp, content_type, envelope, received, running_gateway, write_policies
 from tests.wss_helpers import DEMO, client_for, echo, route_doc
 
 FIXTURES = Path(__file__).parent / "wsdl" / "publish"
@@ -200,35 +198,16 @@ def test_schema_refusal_counted_as_schema_and_timed_as_a_stage(pki: Path) -> Non
 # the schema documents: local files only
 
 
-class _Listener:
-    """A real HTTP server on loopback that records every request: proof that nothing was fetched."""
-
-    def __init__(self) -> None:
-        self.hits: list[str] = []
-        hits = self.hits
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                hits.append(self.path)
-                body = f'<xs:schema xmlns:xs="{wsdl.XSD}" targetNamespace="urn:evil"/>'.encode()
-                self.send_response(200)
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+def _evil_schema(_: bytes) -> tuple[str, bytes]:
+    return "application/xml", f'<xs:schema xmlns:xs="{wsdl.XSD}" targetNamespace="urn:evil"/>'.encode()
 
 
 @pytest.fixture
-def listener() -> Iterator[_Listener]:
-    got = _Listener()
+def listener() -> Iterator[LoopbackHttp]:
+    """A real HTTP server on loopback that records every request: proof that nothing was fetched."""
+    got = LoopbackHttp(_evil_schema)
     yield got
-    got.server.shutdown()
+    got.close()
 
 
 def xsd(body: str = "", doctype: str = "") -> str:
@@ -261,7 +240,7 @@ REFERENCES = {
 
 @pytest.mark.parametrize("kind", list(REFERENCES), ids=list(REFERENCES))
 def test_schema_references_to_the_network_or_outside_files_refused_at_policy_load(
-    tmp_path: Path, listener: _Listener, kind: str
+    tmp_path: Path, listener: LoopbackHttp, kind: str
 ) -> None:
     (tmp_path / "outside.xsd").write_text(xsd())
     ref = REFERENCES[kind].format(url=listener.url, host=listener.url.removeprefix("http://"))
@@ -269,17 +248,17 @@ def test_schema_references_to_the_network_or_outside_files_refused_at_policy_loa
     (tmp_path / "schemas" / "link.xsd").symlink_to(tmp_path / "outside.xsd")
     with pytest.raises(PolicyError, match="field schema_validation"):
         load_dir(policies)
-    assert listener.hits == []
+    assert listener.paths == []
 
 
-def test_wsdl_import_from_the_network_refused(tmp_path: Path, listener: _Listener) -> None:
+def test_wsdl_import_from_the_network_refused(tmp_path: Path, listener: LoopbackHttp) -> None:
     (tmp_path / "s.wsdl").write_text(
         f'<wsdl:definitions xmlns:wsdl="{wsdl.WSDL}"><wsdl:import namespace="urn:e" location="{listener.url}/x.wsdl"/>'
         "</wsdl:definitions>"
     )
     with pytest.raises(wsdl.DocumentError, match="not a relative file path"):
         wsdl.load(tmp_path / "s.wsdl")
-    assert listener.hits == []
+    assert listener.paths == []
 
 
 ENTITIES = {
@@ -292,13 +271,13 @@ ENTITIES = {
 
 
 @pytest.mark.parametrize("kind", list(ENTITIES), ids=list(ENTITIES))
-def test_dtds_and_entities_in_a_schema_refused(tmp_path: Path, listener: _Listener, kind: str) -> None:
+def test_dtds_and_entities_in_a_schema_refused(tmp_path: Path, listener: LoopbackHttp, kind: str) -> None:
     doctype = ENTITIES[kind].format(url=listener.url)
     body = '<xs:element name="e" type="xs:string" fixed="&e;"/>' if "entity-" in kind else ""
     policies = policy_with_xsd(tmp_path, xsd(body, doctype))
     with pytest.raises(PolicyError, match=r"DOCTYPE|external resource|not well-formed"):
         load_dir(policies)
-    assert listener.hits == []
+    assert listener.paths == []
 
 
 def test_imports_inside_the_wsdl_directory_are_followed(tmp_path: Path) -> None:
@@ -332,7 +311,7 @@ def test_rpc_style_wsdl_refused_for_validation(tmp_path: Path) -> None:
         schema_validation.PayloadSchema(wsdl.load(tmp_path / "echo.wsdl"), [])
 
 
-def test_xsi_schema_location_in_a_payload_is_never_fetched(pki: Path, listener: _Listener) -> None:
+def test_xsi_schema_location_in_a_payload_is_never_fetched(pki: Path, listener: LoopbackHttp) -> None:
     """The instance cannot bring its own schema: xsi:schemaLocation is not followed, the route's schema decides."""
     schema = schema_validation.for_route(make(pki))
     assert schema is not None
@@ -345,4 +324,4 @@ def test_xsi_schema_location_in_a_payload_is_never_fetched(pki: Path, listener: 
     body[0].append(etree.Element(f"{{{DEMO}}}extra"))
     with pytest.raises(faults.Fault):
         schema.check(body, request=True)
-    assert listener.hits == []
+    assert listener.paths == []
