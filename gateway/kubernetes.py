@@ -238,9 +238,13 @@ def filter_key_files(policies: PolicySet) -> list[str]:
         if route.upstream.ca:
             raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: field upstream.ca: the "
                               "kubernetes target verifies upstreams against the system's CAs only")  # fmt: skip
-        if not route.touches_xml or route.profile == "xml":
-            continue  # no keys: the `xml` profile checks structure only
-        for value in _strings(route.model_dump()):
+        if route.profile not in ("hmac", "rsa", "secureconversation"):
+            continue  # no keys: `none` and `tls` never reach the filters, `xml` checks structure only
+        # What the profile's pipeline loads (filters/profiles.py), nothing the route only carries as a default.
+        sections: list[Any] = [route.username_token, route.hmac if route.profile == "hmac" else route.rsa]
+        if route.profile == "secureconversation" and route.secureconversation.store == "sealed":
+            sections.append(route.secureconversation)
+        for value in (v for section in sections for v in _strings(section.model_dump())):
             if value.startswith(prefix):
                 name = value.removeprefix(prefix)
                 if "/" in name:
