@@ -387,7 +387,8 @@ def _network_policy(name: str, selector: dict[str, Any], ingress: list[Any] | No
         if rules is not None:
             spec["policyTypes"].append(kind)
             spec[kind.lower()] = rules
-    meta = {"name": name, "labels": {PART_OF: "wsgate"}}
+    # Labelled with the component it guards: `kubectl apply -l app.kubernetes.io/component=...` takes it along.
+    meta = {"name": name, "labels": labels(name) if name.startswith("wsgate-") else {PART_OF: "wsgate"}}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta, "spec": spec}
 
 
@@ -426,7 +427,7 @@ def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Opt
     else:
         to_redis = {"ports": _tcp(opts.external_redis_port)}
     out = [
-        _network_policy("wsgate-default-deny", {}, ingress=[], egress=[]),
+        _network_policy("default-deny", {}, ingress=[], egress=[]),
         _network_policy(ENVOY, _pods_of(ENVOY)["podSelector"], ingress=[{"ports": _tcp(topo.http_port, topo.https_port)}],
                         egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(policies.routes, opts), dns]),
         _network_policy(FILTER, _pods_of(FILTER)["podSelector"],

@@ -503,12 +503,18 @@ def test_a_policy_change_rolls_the_filters_and_envoy_and_no_change_rolls_nothing
     assert d != a and ed != ea
 
 
-def test_filters_roll_out_before_envoy_and_drain_before_they_stop(objects: Objects) -> None:
-    """`kubectl apply -k DIR -l app.kubernetes.io/component=filter` changes the filters and what they read and no
-    part of Envoy, so new routes are known before Envoy sends them; each pod stops only after its exchanges."""
-    filter_part = [o for o in objects if o["metadata"]["labels"].get(kubernetes.COMPONENT) == "filter"]
-    assert {o["kind"] for o in filter_part} >= {"Deployment", "ConfigMap", "Service", "HorizontalPodAutoscaler"}
-    assert all(o["metadata"]["name"].startswith(F) for o in filter_part)
+def test_filters_roll_out_before_envoy_and_drain_before_they_stop(objects: Objects, built: Objects) -> None:
+    """`kubectl apply -k DIR -l app.kubernetes.io/component=filter` changes the filters and all they read (their
+    policies, keys and Redis URL) and no part of Envoy, so new routes are known before Envoy sends them; each pod
+    stops only after its exchanges."""
+    component = kubernetes.COMPONENT
+    filter_part = [o for o in built if o["metadata"]["labels"].get(component) == "filter"]
+    assert {o["kind"] for o in filter_part} == {"Deployment", "ConfigMap", "Secret", "Service",
+                                                "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"}  # fmt: skip
+    assert {o["metadata"]["name"].rsplit("-", 1)[0] for o in filter_part if o["kind"] == "Secret"} == {
+        f"{F}-keys", f"{R}-url"}  # fmt: skip
+    envoy_part = [o for o in built if o["metadata"]["name"].startswith(E)]
+    assert envoy_part and all(o["metadata"]["labels"][component] == "envoy" for o in envoy_part)
     ps = load_dir(REPO / "policies")
     longest = max(r.upstream.timeout_s for r in ps.routes)
     for component in (E, F):
