@@ -22,6 +22,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import requests
 import yaml
 
 from filters.server import GRACE_SECONDS
@@ -266,8 +267,6 @@ def test_filter_pod_starts_on_only_its_config_map_and_secret(
     started_filter: tuple[subprocess.Popen[bytes], int],
 ) -> None:
     """Every key file the demo policies name is in the filter Secret, under the path the policies name it by."""
-    import requests
-
     proc, metrics = started_filter
     assert proc.poll() is None
     assert requests.get(f"http://127.0.0.1:{metrics}/metrics", timeout=5).status_code == 200  # the liveness probe
