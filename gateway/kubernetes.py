@@ -46,6 +46,7 @@ COMPONENT = "app.kubernetes.io/component"
 DNS_SETTLE_S = 15
 ENDPOINTS_SETTLE_S = 5  # Service endpoints and load balancers stop sending new connections to a stopping Envoy
 ENVOY_HEAP_MB = 512
+KEY_FILE_SUFFIXES = (".pem", ".key", ".crt", ".cer", ".der", ".crl", ".p12", ".yaml", ".yml")
 
 
 @dataclass(frozen=True)
@@ -245,11 +246,11 @@ def filter_key_files(policies: PolicySet) -> list[str]:
         if route.profile == "secureconversation" and route.secureconversation.store == "sealed":
             sections.append(route.secureconversation)
         for value in (v for section in sections for v in _strings(section.model_dump())):
-            if value.startswith(prefix):
-                name = value.removeprefix(prefix)
-                if "/" in name:
-                    raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: {value}: key files "
-                                      f"must be directly in {prefix} (one Secret, mounted there)")  # fmt: skip
+            name = value.removeprefix(prefix)
+            if value.endswith(KEY_FILE_SUFFIXES) and (name == value or "/" in name):
+                raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: {value}: key files "
+                                  f"must be directly in {prefix} (one Secret, mounted there)")  # fmt: skip
+            if name != value:
                 files.add(name)
     return sorted(files)
 

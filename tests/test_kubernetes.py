@@ -474,6 +474,24 @@ def test_memory_stores_are_refused_when_replicas_do_not_share_them(tmp_path: Pat
             kubernetes.render(ps, tmp_path / field_name, kubernetes.Options())
 
 
+@pytest.mark.parametrize(
+    ("route", "refusal"),
+    [
+        ({"profile": "rsa", "rsa": {"key": "/etc/keys/sign.key"}}, "must be directly in certs/out/"),
+        ({"profile": "hmac", "hmac": {"keys_file": "certs/out/site/hmac.yaml"}}, "must be directly in certs/out/"),
+        ({"profile": "xml", "upstream": {"address": "192.0.2.10:8443", "tls": True, "ca": "certs/out/b.pem"}},
+         "upstream.ca"),
+    ],
+)  # fmt: skip
+def test_files_a_pod_would_not_have_are_refused(route: dict[str, Any], refusal: str, tmp_path: Path) -> None:
+    """A key file outside the Secret's mount, or a file no Secret carries: refused at render, never a pod that
+    cannot load its policies (or an Envoy that cannot load its cluster)."""
+    base = {"name": "r", "match": {"path_prefix": "/"}, "upstream": {"address": "192.0.2.10:8443"}}
+    ps = load_dir(write_policies(tmp_path, [{**base, **route}]))
+    with pytest.raises(PolicyError, match=refusal):
+        kubernetes.render(ps, tmp_path, kubernetes.Options())
+
+
 def rendered_names(out: Path, component: str) -> dict[str, str]:
     objs = [o for f in yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
             for o in yaml.safe_load_all((out / f).read_text())]  # fmt: skip
