@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -61,6 +62,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    if args.target == "kubernetes":
+        return _render_kubernetes(args)
     ps = _policies(args.policies)
     if ps is None:
         return 1
@@ -78,6 +81,34 @@ def cmd_render(args: argparse.Namespace) -> int:
     else:
         for name in files:
             sys.stdout.write(f"# ---- {name}\n{files[name]}")
+    return 0
+
+
+def _render_kubernetes(args: argparse.Namespace) -> int:
+    from gateway import kubernetes
+
+    if not args.out:
+        print("wsgate render: --target kubernetes writes a folder: give --out DIR", file=sys.stderr)
+        return 2
+    opts = kubernetes.Options(
+        image=args.image, demo_backend=not args.no_demo_backend, redis="external" if args.external_redis else "demo",
+        external_redis_port=args.external_redis_port,
+    )  # fmt: skip
+    if opts.demo_backend:
+        # The demo policies point at ${BACKEND_ADDR}: in the cluster, the demo backend's Service.
+        os.environ.setdefault("BACKEND_ADDR", f"{kubernetes.BACKEND}:{kubernetes.BACKEND_PORT}")
+    ps = _policies(args.policies)
+    if ps is None:
+        return 1
+    try:
+        files = kubernetes.render(ps, args.policies, opts)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    kubernetes.write(files, args.out)
+    keys = files[f"{kubernetes.KEYS_DIR}/.gitignore"].splitlines()[0].split(": ", 1)[1]
+    print(f"wrote {len(files)} files to {args.out}; before `kubectl apply -k {args.out}`, copy into "
+          f"{args.out / kubernetes.KEYS_DIR}: {keys}", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -237,11 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     render = sub.add_parser("render", help="print (or write) the Envoy configuration")
     render.add_argument("--policies", type=Path, default=Path("policies"))
-    render.add_argument("--target", choices=["local", "compose"], default="local")
+    render.add_argument("--target", choices=["local", "compose", "kubernetes"], default="local")
     render.add_argument("--workers", type=int, default=default_workers())
     render.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
     render.add_argument("--config-dir", type=Path, default=Path("run/envoy"))
-    render.add_argument("--out", type=Path, help="write envoy.yaml, lds.yaml and cds.yaml into this folder")
+    render.add_argument("--out", type=Path, help="write envoy.yaml, lds.yaml and cds.yaml (kubernetes: manifests and "
+                        "a kustomization.yaml) into this folder")  # fmt: skip
+    render.add_argument(
+        "--image", default="wsgate:local", help="kubernetes: the project's image, as the cluster pulls it"
+    )
+    render.add_argument("--no-demo-backend", action="store_true", help="kubernetes: leave the demo backend out")
+    render.add_argument("--external-redis", action="store_true",
+                        help="kubernetes: the filters' Redis URL from keys/redis-url instead of a demo Redis")  # fmt: skip
+    render.add_argument("--external-redis-port", type=int, default=6379, help="kubernetes: the port filters may reach")
     render.set_defaults(func=cmd_render)
 
     imp = sub.add_parser("import", help="write route policies from a WSDL and its WS-SecurityPolicy")
