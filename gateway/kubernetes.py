@@ -10,6 +10,7 @@ operator copies them."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import json
@@ -23,6 +24,7 @@ from typing import Any, Literal
 import yaml
 
 from certs import pki
+from filters import wsdl
 from filters.server import GRACE_SECONDS
 from gateway import envoy_config
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, Route
@@ -37,6 +39,7 @@ APP_UID = 101  # the envoy user of the Envoy image and the wsgate user of the pr
 REDIS_UID, REDIS_GID = 999, 1000  # the redis user of redis:7-alpine
 KEYS_DIR = "keys"  # in DIR: the key files the secretGenerators read (copied there by the operator, never rendered)
 POLICIES_MOUNT = "/app/policies"
+MAX_CONFIG_MAP_BYTES = 900 * 1024  # the API server stores at most 1 MiB per object, base64 and keys included
 FILTER_KEYS_MOUNT = f"/app/{pki.DEFAULT_DIR}"  # policies name key files relative to the image's /app
 REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/profiles.py reads it
 PART_OF = "app.kubernetes.io/part-of"
@@ -233,9 +236,6 @@ def filter_key_files(policies: PolicySet) -> list[str]:
     prefix = f"{pki.DEFAULT_DIR}/"
     files: set[str] = set()
     for route in policies.routes:
-        if route.wsdl or route.schema_validation.xsd_files:
-            raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: the kubernetes target does not "
-                              "ship WSDL or schema files yet (README \"Kubernetes\")")  # fmt: skip
         if route.upstream.ca:
             raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: field upstream.ca: the "
                               "kubernetes target verifies upstreams against the system's CAs only")  # fmt: skip
@@ -253,6 +253,28 @@ def filter_key_files(policies: PolicySet) -> list[str]:
             if name != value:
                 files.add(name)
     return sorted(files)
+
+
+def schema_documents(policies: PolicySet) -> dict[str, tuple[str, bytes]]:
+    """The WSDL and XSD files the filters read (each route's `wsdl.file` and `xsd_files` with everything they
+    import): ConfigMap key -> (the path the pod reads it by, its bytes). The policies name them relative to the
+    working directory, as the pod's /app is; Envoy needs none of them (published documents are in its config)."""
+    cwd = Path.cwd().resolve()
+    found: dict[str, bytes] = {}
+    for route in policies.routes:
+        named = [*([route.wsdl.file] if route.wsdl else []), *route.schema_validation.xsd_files]
+        for path in named:
+            try:
+                documents = wsdl.load(path).documents
+            except wsdl.DocumentError as exc:
+                raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: {exc}") from None
+            for doc in documents:
+                pod_path = f"/app/{doc.path.relative_to(cwd)}" if doc.path.is_relative_to(cwd) else str(doc.path)
+                found[pod_path] = doc.path.read_bytes()
+    # ConfigMap keys allow [-._a-zA-Z0-9] only: numbered, with the file's own name for a reader.
+    return {
+        f"{i}-{re.sub(r'[^-._a-zA-Z0-9]', '_', Path(p).name)}": (p, b) for i, (p, b) in enumerate(sorted(found.items()))
+    }
 
 
 def _strings(value: object) -> list[str]:
@@ -329,10 +351,24 @@ def filter_objects(policies: PolicySet, texts: dict[str, str], topo: envoy_confi
     }
     volumes = [{"name": "policies", "configMap": {"name": config["metadata"]["name"]}},
                _secret_volume("keys", f"{FILTER}-keys"), {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]  # fmt: skip
+    objects = [config]
+    documents = schema_documents(policies)
+    if documents:
+        # Each document at the very path the policies name it by (subPath: one file each); immutable and named
+        # after its content like the policies, so a changed WSDL rolls the filters.
+        data = {k: base64.b64encode(b).decode() for k, (_, b) in documents.items()}
+        if sum(len(k) + len(v) for k, v in data.items()) > MAX_CONFIG_MAP_BYTES:
+            raise PolicyError(f"the WSDL and schema files take over {MAX_CONFIG_MAP_BYTES} bytes in a ConfigMap")
+        schemas = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(_hashed(f"{FILTER}-schemas", data),
+                   FILTER), "immutable": True, "binaryData": data}  # fmt: skip
+        objects.append(schemas)
+        volumes.append({"name": "schemas", "configMap": {"name": schemas["metadata"]["name"]}})
+        container["volumeMounts"] += [{"name": "schemas", "mountPath": path, "subPath": key, "readOnly": True}
+                                      for key, (path, _) in documents.items()]  # fmt: skip
     pod = _pod(FILTER, [container], volumes, grace_s=stop_after_s + math.ceil(GRACE_SECONDS) + 5)
     # Headless: one DNS name with every ready pod's address; Envoy's STRICT_DNS cluster balances over them.
     service = _service(FILTER, [("grpc", FILTER_PORT)], headless=True)
-    return [config, _deployment(FILTER, pod), service, *_autoscaled(FILTER, opts.filter_replicas)]
+    return [*objects, _deployment(FILTER, pod), service, *_autoscaled(FILTER, opts.filter_replicas)]
 
 
 def redis_objects() -> list[dict[str, Any]]:

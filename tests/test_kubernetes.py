@@ -9,6 +9,7 @@ ConfigMap hold, and Envoy's validation of its ConfigMap with only its Secret's f
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,40 +229,60 @@ def filter_pod(objects: Objects) -> Pod:
     return Pod(pod_spec(one(objects, "Deployment", kubernetes.FILTER)))
 
 
-@pytest.fixture
-def started_filter(
-    out: Path, objects: Objects, filter_pod: Pod, pki: Path, redis_server: str, tmp_path: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+@contextmanager
+def start_filter(out: Path, objects: Objects, pki: Path, redis_url: str, tmp_path: Path,
+                 leave_out: str | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:  # fmt: skip
     """The filter Deployment's own command line, in a copy of the pod's /app: the policies ConfigMap's files, the
-    keys Secret's files and nothing else, the pod's environment (Redis: a real one on loopback)."""
+    keys Secret's files, the schema documents at their subPath mounts (but `leave_out`) and nothing else, the
+    pod's environment (Redis: a real one on loopback). Yields once the worker is ready."""
     app = tmp_path / "app"
-    volumes = {v["name"]: v for v in filter_pod.spec["volumes"]}
+    pod = Pod(pod_spec(one(objects, "Deployment", kubernetes.FILTER)))
+    volumes = {v["name"]: v for v in pod.spec["volumes"]}
     policies = one(objects, "ConfigMap", volumes["policies"]["configMap"]["name"])["data"]
-    policies_dir = app / filter_pod.mount("policies").removeprefix("/app/")
+    policies_dir = app / pod.mount("policies").removeprefix("/app/")
     policies_dir.mkdir(parents=True)
     for name, text in policies.items():
         (policies_dir / name).write_text(text)
-    only(pki, generated_files(out, f"{kubernetes.FILTER}-keys"), app / filter_pod.mount("keys").removeprefix("/app/"))
+    only(pki, generated_files(out, f"{kubernetes.FILTER}-keys"), app / pod.mount("keys").removeprefix("/app/"))
+    if "schemas" in volumes:
+        documents = one(objects, "ConfigMap", volumes["schemas"]["configMap"]["name"])["binaryData"]
+        for m in (m for m in pod.container["volumeMounts"] if m["name"] == "schemas" and m["subPath"] != leave_out):
+            target = app / m["mountPath"].removeprefix("/app/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(base64.b64decode(documents[m["subPath"]]))
     port, metrics = free_ports(2)
-    argv = [str(Path(sys.executable).with_name(a)) if a == "wsgate" else a for a in filter_pod.container["command"]]
-    argv = [a.replace(filter_pod.mount("policies"), str(policies_dir)) for a in argv]
+    argv = [str(Path(sys.executable).with_name(a)) if a == "wsgate" else a for a in pod.container["command"]]
+    argv = [a.replace(pod.mount("policies"), str(policies_dir)) for a in argv]
     argv[argv.index("--listen") + 1] = f"127.0.0.1:{port}"
     argv[argv.index("--metrics-port") + 1] = str(metrics)
     ready = tmp_path / "ready"
-    env = {**os.environ, **{e["name"]: e["value"] for e in filter_pod.container["env"] if "value" in e}}
-    env[kubernetes.REDIS_URL_ENV] = redis_server
+    env = {**os.environ, **{e["name"]: e["value"] for e in pod.container["env"] if "value" in e}}
+    env[kubernetes.REDIS_URL_ENV] = redis_url
     log = tmp_path / "filter.log"
     proc = subprocess.Popen([*argv, "--ready-file", str(ready)], cwd=app, env=env, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise FilterDidNotStart(log.read_text()[-3000:])
             time.sleep(0.05)
         yield proc, metrics
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+class FilterDidNotStart(Exception):
+    pass
+
+
+@pytest.fixture
+def started_filter(
+    out: Path, objects: Objects, pki: Path, redis_server: str, tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    with start_filter(out, objects, pki, redis_server, tmp_path) as started:
+        yield started
 
 
 def test_filter_pod_starts_on_only_its_config_map_and_secret(
@@ -270,6 +292,36 @@ def test_filter_pod_starts_on_only_its_config_map_and_secret(
     proc, metrics = started_filter
     assert proc.poll() is None
     assert requests.get(f"http://127.0.0.1:{metrics}/metrics", timeout=5).status_code == 200  # the liveness probe
+
+
+def test_a_routes_wsdl_and_every_document_it_imports_reach_the_filter_pods(
+    pki: Path, redis_server: str, tmp_path: Path
+) -> None:
+    """A published and validated route: its WSDL, the WSDL it imports and that one's XSD are shipped in a
+    ConfigMap and mounted where the policy names them; the filter starts on them, and not without one of them."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    echo = {"name": "echo", "match": {"path_prefix": "/echo/service"}, "upstream": {"address": "192.0.2.10:8081"},
+            "profile": "xml", "wsdl": {"file": "tests/wsdl/publish/echo.wsdl", "publish": True},
+            "schema_validation": {"requests": True, "responses": True}}  # fmt: skip
+    (policies / "echo.yaml").write_text(yaml.safe_dump({"routes": [echo]}))
+    out = tmp_path / "out"
+    parts = render(out, policies=policies)
+    objs = [o for objs in parts.values() for o in objs]
+    for obj in objs:
+        validate(obj)
+    pod = Pod(pod_spec(one(objs, "Deployment", kubernetes.FILTER)))
+    mounts = {m["mountPath"]: m["subPath"] for m in pod.container["volumeMounts"] if m["name"] == "schemas"}
+    assert sorted(mounts) == ["/app/tests/wsdl/publish/echo-interface.wsdl", "/app/tests/wsdl/publish/echo.wsdl",
+                              "/app/tests/wsdl/publish/types/echo-types.xsd"]  # fmt: skip
+    with start_filter(out, objs, pki, redis_server, tmp_path / "whole") as (proc, _):
+        assert proc.poll() is None
+    xsd = mounts["/app/tests/wsdl/publish/types/echo-types.xsd"]
+    with (
+        pytest.raises(FilterDidNotStart, match=r"echo-types\.xsd"),
+        start_filter(out, objs, pki, redis_server, tmp_path / "part", leave_out=xsd),
+    ):
+        pass
 
 
 def test_probes_and_service_ports_name_real_container_ports(objects: Objects) -> None:
