@@ -25,7 +25,7 @@ DEMO = "urn:wsgate:demo"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
 BACKEND_DOWN_S = 3.0  # how long the backend stays stopped
 # After a fault, this long the replies it explains (503s, store-unavailable faults, ...) count as documented.
-SETTLE_S = 3.0
+SETTLE_S = 5.0
 
 
 @dataclass

@@ -9,8 +9,8 @@ moments, seeded (`--seed`, printed): loadtest/faults.py.
 Every request is counted once, per second and in total:
 
     ok         answered, verified, and the backend's answer to what was sent
-    refused    a documented refusal: 503 (backend or every worker down, busy); while a fault settles (SETTLE_S),
-               a SOAP fault the fault explains (the replay store unavailable: 500 Server; a message signed before
+    refused    a documented refusal while a fault settles (until SETTLE_S after it): 503 (the backend or the
+               worker down, a worker restarting), or a SOAP fault the fault explains (the replay store unavailable: 500 Server; a message signed before
                the store's replay epoch: MessageExpired; a context issued before it: BadContextToken)
     lost       a connection reset, a timeout, any other status or fault
     corrupted  a reply that fails verification or says something else than the backend said
@@ -122,6 +122,9 @@ class Driver:
         self.stop = threading.Event()
         self.accepted: collections.deque[tuple[str, bytes]] = collections.deque(maxlen=500)
         self.local = threading.local()
+        self.ca = str(
+            gw.opts.certs / "ca.pem"
+        )  # passed with each request: REQUESTS_CA_BUNDLE would override a session's
 
     def url(self, profile: str) -> str:
         o = self.gw.opts
@@ -140,7 +143,6 @@ class Driver:
     def _session(self) -> requests.Session:
         if not hasattr(self.local, "session"):
             self.local.session = requests.Session()
-            self.local.session.verify = str(self.gw.opts.certs / "ca.pem")
             self.local.factories = {}
         return self.local.session
 
@@ -152,7 +154,7 @@ class Driver:
         f = factories[profile]
         if f.needs_context:
             with CLIENT:
-                f.establish(self.url(profile), verify=str(self.gw.opts.certs / "ca.pem"))
+                f.establish(self.url(profile), verify=self.ca)
         return f
 
     def _wait_turn(self) -> bool:
@@ -177,17 +179,17 @@ class Driver:
             factory = self.factory(profile)
         except Exception as exc:  # establishing a context is a request too
             self.tally.count("sent", profile)
-            self._refused_or_lost(profile, f"establish: {type(exc).__name__}: {exc}"[:160], context=True)
+            self._refused_or_lost(profile, f"establish: {type(exc).__name__}: {exc}"[:160], explained=True)
             return
         with CLIENT:
             message = factory.make("small")
         self.tally.count("sent", profile)
         began = time.monotonic()
         try:
-            resp = session.post(self.url(profile), data=message.body, timeout=TIMEOUT_S,
+            resp = session.post(self.url(profile), data=message.body, timeout=TIMEOUT_S, verify=self.ca,
                                 headers={"content-type": factory.content_type})  # fmt: skip
         except requests.RequestException as exc:
-            self.tally.count("lost", profile, type(exc).__name__)
+            self.tally.count("lost", profile, f"{type(exc).__name__}: {exc}"[:160])
             return
         elapsed_ms = (time.monotonic() - began) * 1000
         self.classify(profile, factory, message, resp.status_code, resp.content, elapsed_ms)
@@ -206,18 +208,18 @@ class Driver:
             if PROFILES[profile].secured:
                 self.accepted.append((profile, message.body))
             return
-        if status == 503:
-            self.tally.count("refused", profile, "503")
-            return
         code = fault_code(body)
+        if status == 503:
+            self._refused_or_lost(profile, f"503 {code}", explained=True)
+            return
         if code == "BadContextToken" and factory.client is not None:
             factory.client.context = None  # the context is gone (issued before the store's epoch): a new one
-        self._refused_or_lost(profile, f"{status} {code}", context=code == "BadContextToken")
+        self._refused_or_lost(profile, f"{status} {code}", explained=code in SETTLING_CODES)
 
-    def _refused_or_lost(self, profile: str, why: str, context: bool = False) -> None:
-        code = why.split()[-1]
+    def _refused_or_lost(self, profile: str, why: str, explained: bool) -> None:
+        """Documented while a fault settles and the fault explains it; lost otherwise."""
         settling = self.tally.settling()
-        if settling and (code in SETTLING_CODES or why.startswith("establish") or context):
+        if settling and explained:
             self.tally.count("refused", profile, why)
         else:
             self.tally.count("lost", profile, why + ("" if settling else " (no fault settling)"))
@@ -226,11 +228,10 @@ class Driver:
         """Send accepted messages again: each must be refused."""
         picks = rng.sample(list(self.accepted), min(REPLAYS_PER_BURST, len(self.accepted)))
         session = requests.Session()
-        session.verify = str(self.gw.opts.certs / "ca.pem")
         for profile, body in picks:
             self.tally.count("replays sent")
             try:
-                resp = session.post(self.url(profile), data=body, timeout=TIMEOUT_S,
+                resp = session.post(self.url(profile), data=body, timeout=TIMEOUT_S, verify=self.ca,
                                     headers={"content-type": "text/xml; charset=utf-8"})  # fmt: skip
             except requests.RequestException as exc:
                 self.tally.count("lost", None, f"replay: {type(exc).__name__}")
