@@ -65,7 +65,8 @@ def _redis_throttle(url: str, scope: str, max_failures: int, window_s: int) -> a
 
 @cache
 def _memory_store(max_entries: int) -> replay.ReplayCache:
-    return replay.MemoryReplayCache(max_entries)  # one per worker, shared by its routes
+    # One per worker, shared by its routes and kept across reloads; it remembers all since the worker started.
+    return replay.MemoryReplayCache(max_entries, epoch_ms=replay.PROCESS_STARTED_MS)
 
 
 @cache

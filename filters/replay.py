@@ -37,6 +37,10 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# This process accepted nothing before it started: the epoch of its in-process stores (one per worker).
+PROCESS_STARTED_MS = now_ms()
+
+
 def before_epoch(since_ms: int, epoch_ms: int) -> faults.Fault:
     """The refusal of a message that may have been accepted before the store lost its memory."""
     return faults.security(
@@ -106,12 +110,16 @@ class MemoryReplayCache:
     Expired entries go first; when the store is still full, the entry that would expire soonest makes room
     (`evicted` counts those, a sign the store is too small for the traffic)."""
 
-    def __init__(self, max_entries: int = 1_000_000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_entries: int = 1_000_000, clock: Callable[[], float] = time.monotonic, epoch_ms: int | None = None
+    ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.max_entries = max_entries
         self.evicted = 0
-        self._epoch_ms = now_ms()  # a new store (a worker started or restarted) remembers nothing older
+        # A new store (a worker started or restarted) remembers nothing older; `epoch_ms`: a tool's own store in a
+        # process that accepted nothing before it (measurements replaying pre-made messages).
+        self._epoch_ms = now_ms() if epoch_ms is None else epoch_ms
         self._clock = clock
         self._expiry: dict[bytes, float] = {}
         # The same entries ordered by expiry. Entries leave both structures together, so the heap holds

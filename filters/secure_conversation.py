@@ -631,13 +631,10 @@ class SealedContextStore:
         return ctx
 
 
-_STARTED = datetime.now(UTC)  # this process issues and cancels nothing before
-
-
 @functools.cache
 def _memory_revocations(max_entries: int) -> MemoryRevocations:
     # One per worker, kept across policy reloads: a new list would start a new epoch and refuse every context.
-    return MemoryRevocations(max_entries, epoch=_STARTED)
+    return MemoryRevocations(max_entries, epoch=_EPOCH + replay.PROCESS_STARTED_MS * _MS)
 
 
 def make_store(options: SecureConversationOptions, redis_url: str | None = None) -> ContextStore:
