@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
 PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: run test lint format check render certs clean bench load wss4j
+.PHONY: run test lint format check render certs clean bench soak load wss4j
 
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
@@ -71,6 +71,14 @@ clean:
 bench: $(STAMP)
 	$(BIN)/wsgate certs init
 	$(BIN)/python -m loadtest.bench $(BENCH_ARGS)
+
+# The soak: its own gateway, load at a share of saturation on every profile while faults strike (loadtest/soak.py);
+# prints the table, writes loadtest/out/soak.csv and soak.png; fails when anything was lost, corrupted or replayed.
+# SOAK_ARGS passes options, e.g. SOAK_ARGS="--duration 60 --seed 7 --share 0.5".
+SOAK_ARGS ?= --duration 600
+soak: $(STAMP)
+	$(BIN)/wsgate certs init
+	$(BIN)/python -m loadtest.soak $(SOAK_ARGS)
 
 # Locust, headless, against a running gateway (`make run`) or any URL; CSV and HTML report in loadtest/out/.
 # SIZE: small, large, huge (comma-separated); PROFILES: user classes, e.g. PROFILES="HmacUser RsaUser".

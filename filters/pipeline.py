@@ -29,6 +29,7 @@ class Outcome:
     answer: bool = False  # the gateway answers this request itself with `body` (e.g. WS-Trust); no backend
     # Replay keys the caller must set before it answers (a deferred replay store): all new, or the key's fault.
     replay: list[DeferredKey] = field(default_factory=list)
+    replay_since_ms: int = 0  # the message's freshness evidence, to compare with the store's epoch
 
 
 def forward(env: Envelope, received_type: str | None, body: bytes | None = None, **headers: str) -> Outcome:

@@ -66,7 +66,8 @@ def _redis_throttle(url: str, scope: str, max_failures: int, window_s: int) -> a
 
 @cache
 def _memory_store(max_entries: int) -> replay.ReplayCache:
-    return replay.MemoryReplayCache(max_entries)  # one per worker, shared by its routes
+    # One per worker, shared by its routes and kept across reloads; it remembers all since the worker started.
+    return replay.MemoryReplayCache(max_entries, epoch_ms=replay.PROCESS_STARTED_MS)
 
 
 @cache
@@ -145,6 +146,7 @@ class SecuredPipeline(RoutePipeline):
         with metrics.stage(route, "serialize"):
             out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
         out.replay = verified.replay_keys
+        out.replay_since_ms = verified.replay_since_ms
         return out
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
@@ -242,7 +244,7 @@ class SecureConversationPipeline(SecuredPipeline):
         if rst is not None:
             # Issue and Cancel change the context store: their replay keys are settled first, here (rare messages).
             if isinstance(self.credentials.replay, replay.DeferredRedisReplay):
-                self.credentials.replay.settle(verified.replay_keys)
+                self.credentials.replay.settle(verified.replay_keys, verified.replay_since_ms)
             return self._answer(sc.parse_rst(rst), env, verified, headers, now)
         if verified.context is None:
             raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")

@@ -48,7 +48,7 @@ from lxml import etree
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from filters import encryption, faults, keys, ns
+from filters import encryption, faults, keys, ns, replay
 from filters.soap import Envelope
 from filters.timestamp import format_datetime, parse_datetime
 from gateway.policy import SecureConversationOptions
@@ -444,16 +444,21 @@ class Revocations(Protocol):
         """Remember `key` until `until`; False when there is no room (nothing is forgotten to make some)."""
         ...
 
-    def revoked(self, key: bytes, now: datetime) -> bool: ...
+    def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
+        """Whether `key` was cancelled, or may have been: a context issued at or before the list's epoch (the
+        moment it started remembering, filters/replay.py) could have been cancelled in what it forgot."""
+        ...
 
 
 class MemoryRevocations:
     """Revocations in this process, at most `max_entries`; expired entries make room."""
 
-    def __init__(self, max_entries: int) -> None:
+    def __init__(self, max_entries: int, epoch: datetime | None = None) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.max_entries = max_entries
+        # A new list (a worker started) knows no cancellation made before it: contexts issued until then are out.
+        self._epoch_ms = replay.now_ms() if epoch is None else _ms(epoch)
         self._until: dict[bytes, datetime] = {}
         self._heap: list[tuple[datetime, bytes]] = []  # the same entries by expiry; they leave both together
         self._lock = threading.Lock()
@@ -473,9 +478,9 @@ class MemoryRevocations:
             heapq.heappush(self._heap, (until, key))
             return True
 
-    def revoked(self, key: bytes, now: datetime) -> bool:
+    def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
         until = self._until.get(key)
-        return until is not None and now < until
+        return (until is not None and now < until) or _ms(issued) <= self._epoch_ms
 
 
 class RedisRevocations:
@@ -493,9 +498,14 @@ class RedisRevocations:
             self._client.set(self.prefix + key.hex(), b"", px=_ttl_ms(until, now))
         return True
 
-    def revoked(self, key: bytes, now: datetime) -> bool:
+    def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
+        mine = replay.now_ms()
         with _redis_errors():
-            return bool(self._client.exists(self.prefix + key.hex()))
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(replay.EPOCH_KEY, str(mine), nx=True, get=True)
+            pipe.exists(self.prefix + key.hex())
+            epoch, cancelled = pipe.execute()
+        return bool(cancelled) or _ms(issued) <= replay.epoch_of(epoch, mine)
 
     def close(self) -> None:
         self._client.close()
@@ -607,8 +617,8 @@ class SealedContextStore:
 
     def _lookup(self, identifier: str, version: Version, now: datetime) -> tuple[Context, bytes]:
         ctx, revocation = self._opened(identifier, version)
-        if self.revocations.revoked(revocation, now):
-            raise _unknown(version, identifier, "cancelled security context")
+        if self.revocations.revoked(revocation, ctx.created, now):
+            raise _unknown(version, identifier, "cancelled security context, or issued before the cancellations' epoch")
         return _live(ctx, version, now), revocation
 
     def lookup(self, identifier: str, version: Version, now: datetime) -> Context:
@@ -619,6 +629,12 @@ class SealedContextStore:
         if not self.revocations.revoke(revocation, ctx.expires, now):
             raise _store_full(version, "cancellation list full")
         return ctx
+
+
+@functools.cache
+def _memory_revocations(max_entries: int) -> MemoryRevocations:
+    # One per worker, kept across policy reloads: a new list would start a new epoch and refuse every context.
+    return MemoryRevocations(max_entries, epoch=_EPOCH + replay.PROCESS_STARTED_MS * _MS)
 
 
 def make_store(options: SecureConversationOptions, redis_url: str | None = None) -> ContextStore:
@@ -633,7 +649,7 @@ def make_store(options: SecureConversationOptions, redis_url: str | None = None)
     if options.store == "redis":
         return RedisContextStore(explicit or redis_url or options.redis_url, options.lifetime_s)
     shared = explicit or redis_url
-    revocations: Revocations = RedisRevocations(shared) if shared else MemoryRevocations(options.max_contexts)
+    revocations: Revocations = RedisRevocations(shared) if shared else _memory_revocations(options.max_contexts)
     return SealedContextStore(load_master_keys(options.master_keys_file), options.lifetime_s, revocations)
 
 

@@ -24,7 +24,7 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 from filters import faults, metrics
 from filters.engine import Engine, Exchange, RoutePipeline, fault_soap_version
 from filters.profiles import SecuredPipeline
-from filters.replay import DeferredKey, DeferredRedisReplay
+from filters.replay import EPOCH_KEY, DeferredKey, DeferredRedisReplay, before_epoch
 from filters.xmlsupport import check_libxml2
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, MAX_BODY_BYTES, PolicyError, check_body_budget, load_dir
 
@@ -51,8 +51,9 @@ REFUSALS: dict[str, faults.Fault] = {
 
 # The frame's table: {route: (max request body, max response body, identity header)}, {refusal: rendered fault}.
 Table = tuple[dict[str, tuple[int, int, str | None]], dict[str, tuple[int, str, bytes, str, bytes]]]
-# The replay keys the frame sets before it answers: the store's Redis URL, [(Redis key, TTL in ms)].
-ReplayCheck = tuple[str, list[tuple[bytes, int]]]
+# The replay keys the frame sets before it answers: the store's Redis URL, [(Redis key, TTL in ms)], and the
+# epoch's key with the message's freshness evidence (ms): the message passes only if it is newer than the epoch.
+ReplayCheck = tuple[str, list[tuple[bytes, int]], tuple[bytes, int]]
 # What a body phase answers: (0: pass on | an HTTP status to answer with, body or None: unchanged, headers to set,
 # the exchange for the response phase, the replay check or None).
 Answer = tuple[int, bytes | None, list[tuple[str, str]], "Pending", ReplayCheck | None]
@@ -147,7 +148,8 @@ class Worker:
             check = None
             if out.replay:
                 p.replay = out.replay
-                check = (_replay_url(p.pipeline), [(k.name, k.px) for k in out.replay])
+                epoch = (EPOCH_KEY, out.replay_since_ms)
+                check = (_replay_url(p.pipeline), [(k.name, k.px) for k in out.replay], epoch)
             metrics.series(metrics.REQUESTS, *p.label, phase, "ok").inc()
         except faults.Fault as fault:
             self._count(fault, p.label, phase, route_name)
@@ -162,10 +164,14 @@ class Worker:
         return 0, out.body, list(out.set_headers.items()), p, check
 
     def replay_refused(self, route_name: str, pending: Pending, index: int, detail: str) -> Answer:
-        """The frame found `pending.replay[index]` already set (a replay), or could not ask Redis (index -1, fail
+        """The frame found `pending.replay[index]` already set (a replay), the message not newer than the store's
+        epoch (index -2, `detail`: the epoch and the evidence in ms), or could not ask Redis (index -1, fail
         closed): the refusal, counted and logged as the engine's own."""
         if 0 <= index < len(pending.replay):
             fault = pending.replay[index].fault
+        elif index == -2:
+            epoch, since = (int(v) for v in detail.split())
+            fault = before_epoch(since, epoch)
         else:
             fault = faults.server(f"replay store unavailable: {detail}")
         pending.replay = []

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -22,7 +22,7 @@ from lxml import etree
 from filters import encryption, faults, keys, ns, signature, timestamp, username_token
 from filters import secure_conversation as sc
 from filters.optimizations import Optimizations
-from filters.replay import DeferredKey, DeferredRedisReplay, ReplayCache, first_sight
+from filters.replay import DeferredKey, DeferredRedisReplay, ReplayCache, check_epoch, first_sight
 from filters.soap import Envelope
 from filters.threat_protection import Limits
 from gateway.policy import EncryptionPolicy, SignaturePolicy, TimestampPolicy, UsernameTokenPolicy
@@ -95,6 +95,8 @@ class Verified:
     context: sc.Context | None = None  # the security context whose derived keys the message used
     # Replay keys of a deferred store: the message passes only if it is the first to set every one of them.
     replay_keys: list[DeferredKey] = field(default_factory=list)
+    # Its freshness evidence (ms since the Unix epoch), to compare with the store's replay epoch (filters/replay.py).
+    replay_since_ms: int = 0
 
     def covers(self, el: etree._Element) -> bool:
         """Whether `el` or an ancestor of it was signed (by identity)."""
@@ -123,6 +125,9 @@ class _State:
     resolve: sc.SctResolver | None = None  # the message's one resolver: each context looked up once
     signatures: int = 0
     signature: etree._Element | None = None  # the one ds:Signature, once verified
+    timestamp: etree._Element | None = None  # the wsu:Timestamp, to tell whether it was signed
+    username_created: datetime | None = None  # the authenticated UsernameToken's Created
+    replay_checked: bool = False  # a key of this message went to the replay store
     out: Verified = field(default_factory=Verified)
 
 
@@ -167,6 +172,7 @@ def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime)
         _authenticate_user(st, st.username_token)
     _identify(st)
     _check_requirements(st)
+    _check_replay_epoch(st)
     _strip(env, security)
     return st.out
 
@@ -197,7 +203,30 @@ def _timestamp(st: _State, el: etree._Element) -> bool:
     if st.out.timestamp is not None:
         raise faults.security("InvalidSecurity", "more than one wsu:Timestamp")
     st.out.timestamp = timestamp.check(el, st.req.timestamp, st.now)
+    st.timestamp = el
     return False
+
+
+def _first_sight(st: _State, key: bytes, ttl_s: float, replayed: faults.Fault) -> None:
+    st.replay_checked = True
+    first_sight(st.creds.replay, key, ttl_s, replayed, st.out.replay_keys)
+
+
+def _check_replay_epoch(st: _State) -> None:
+    """Refuse a message the replay store could have accepted before it lost its memory (filters/replay.py): its
+    evidence must be newer than the store's epoch. A deferred store compares them with the keys (the frame)."""
+    if not st.replay_checked or st.creds.replay is None:
+        return
+    tp = st.req.timestamp
+    if st.timestamp is not None and st.out.timestamp is not None and st.out.covers(st.timestamp):
+        evidence = st.out.timestamp.created
+    elif st.username_created is not None:
+        evidence = st.username_created  # bound to the password by the digest (a text password shows it anyway)
+    else:  # nothing signed says when: only a loss older than the keys' lifetime is out of reach
+        evidence = st.now - timedelta(seconds=tp.max_age_s + 2 * tp.clock_skew_s)
+    st.out.replay_since_ms = int(evidence.timestamp() * 1000)
+    if not isinstance(st.creds.replay, DeferredRedisReplay):
+        check_epoch(st.out.replay_since_ms, st.creds.replay.epoch_ms())
 
 
 def _replay_ttl(st: _State) -> float:
@@ -234,7 +263,8 @@ def _authenticate_user(st: _State, el: etree._Element) -> None:
     if got.nonce is not None:
         key = b"ut:" + got.username.encode() + b":" + got.nonce
         replayed = faults.security("FailedAuthentication", "replay: UsernameToken nonce seen before")
-        first_sight(st.creds.replay, key, float(tp.max_age_s + 2 * tp.clock_skew_s), replayed, st.out.replay_keys)
+        _first_sight(st, key, float(tp.max_age_s + 2 * tp.clock_skew_s), replayed)
+        st.username_created = got.created
     st.out.username = got.username
     if st.out.subject is None:
         st.out.subject = got.username
@@ -380,7 +410,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
         st.out.signer_certificate = key
     verified = signature.verify(sig, st.env, key, st.req.signature, st.creds.optimizations)
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
-    first_sight(st.creds.replay, b"sig:" + verified.signature_value, _replay_ttl(st), replayed, st.out.replay_keys)
+    _first_sight(st, b"sig:" + verified.signature_value, _replay_ttl(st), replayed)
     st.out.signed.extend(verified.elements)
     st.signature = sig
     if isinstance(key, bytes):

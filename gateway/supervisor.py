@@ -19,7 +19,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 from certs import pki
+from filters import replay
 from gateway import envoy_config
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, check_body_budget, load_dir
 
@@ -140,6 +143,22 @@ def _rss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _start_epoch(url: str, timeout: float = 10) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                replay.set_epoch(client)
+                return
+            except redis.RedisError:  # still loading
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def _policy_signature(directory: Path) -> tuple[tuple[str, int, int], ...]:
@@ -278,6 +297,9 @@ class Gateway:
                 raise RuntimeError(f"redis-server did not start; see {self.logs}/redis.log")
             time.sleep(0.05)
         self.env[REDIS_URL_ENV] = f"unix://{sock}"
+        # Empty (no persistence): nothing accepted before now is remembered. Its replay epoch starts here, before
+        # a worker's first check would start it at that message's arrival (filters/replay.py).
+        _start_epoch(self.env[REDIS_URL_ENV])
 
     def _check_per_process_stores(self) -> None:
         """A per-process store (replay `memory`, contexts `memory`) only works when one worker sees all traffic."""

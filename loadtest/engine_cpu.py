@@ -55,7 +55,7 @@ def measure(profile: str, size: str, policies: PolicySet, certs: Path, count: in
     route = policies.route(PROFILES[profile].route)
     pl = build_pipeline(route)
     assert isinstance(pl, SecuredPipeline), profile
-    pl.credentials.replay = MemoryReplayCache()  # in process: no Redis
+    pl.credentials.replay = MemoryReplayCache(epoch_ms=0)  # in process: no Redis
     factory = Factory(profile, policies, certs=certs)
     if factory.needs_context:
         assert factory.client is not None

@@ -170,7 +170,7 @@ def rows(certs: Path, size: int, count: int) -> list[Row]:
         if profile == "xml":
             secure: Callable[[bytes], bytes] = lambda body: body  # noqa: E731
         else:
-            pipeline.credentials.replay = MemoryReplayCache()  # type: ignore[attr-defined]
+            pipeline.credentials.replay = MemoryReplayCache(epoch_ms=0)  # type: ignore[attr-defined]
             attacker = Client(route.model_copy(update={"limits": LIFTED, "response_limits": LIFTED}),
                               ClientConfig(certs=certs))  # fmt: skip
             secure = lambda body, client=attacker: client.secure(body)[0]  # noqa: E731

@@ -96,7 +96,7 @@ def pipeline_for(route: Route, **switches: bool) -> SecuredPipeline:
     opts = route.optimizations.model_copy(update=switches)
     pl = build_pipeline(route.model_copy(update={"optimizations": opts}))
     assert isinstance(pl, SecuredPipeline)
-    pl.credentials.replay = MemoryReplayCache()  # its own, so every configuration gets the same messages
+    pl.credentials.replay = MemoryReplayCache(epoch_ms=0)  # its own, so every configuration gets the same messages
     return pl
 
 

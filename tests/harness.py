@@ -16,6 +16,7 @@ import requests
 import yaml
 from lxml import etree
 
+from filters import replay
 from gateway.supervisor import Gateway, Options, free_ports
 
 
@@ -101,6 +102,7 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
                 try:
                     # Ours, not some other server that took the port first.
                     if probe.info("server")["process_id"] == proc.pid:
+                        replay.set_epoch(probe)  # as the supervisor does for its own Redis
                         return proc, url
                     break
                 except redis.ConnectionError:

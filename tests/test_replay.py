@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from filters import faults
+from filters import faults, replay
 from filters.replay import (
     DeferredKey,
     DeferredRedisReplay,
@@ -18,6 +19,8 @@ from filters.replay import (
     from_url,
 )
 from tests.harness import free_ports, start_redis, stop
+
+FRESH = 2**62  # a message newer than any epoch: these tests are about its keys
 
 
 class Clock:
@@ -275,11 +278,11 @@ def test_deferred_keys_are_the_keys_the_engines_own_redis_store_sets(redis_url: 
     try:
         k = deferred.key(b"sig:shared-view", 60, replayed)
         assert k.px == 60_000 and k.fault is replayed
-        deferred.settle([k])
+        deferred.settle([k], FRESH)
         assert direct.seen(b"sig:shared-view", 60)
         assert not direct.seen(b"sig:set-directly-first", 60)
         with pytest.raises(faults.Fault) as info:
-            deferred.settle([deferred.key(b"sig:set-directly-first", 60, replayed)])
+            deferred.settle([deferred.key(b"sig:set-directly-first", 60, replayed)], FRESH)
         assert info.value is replayed
     finally:
         direct.close()
@@ -289,19 +292,19 @@ def test_deferred_settle_needs_every_key_new_and_names_the_replayed_one(redis_ur
     store = DeferredRedisReplay(redis_url)
     sig = faults.security("InvalidSecurity", "replay: signature value seen before")
     nonce = faults.security("FailedAuthentication", "replay: UsernameToken nonce seen before")
-    store.settle([store.key(b"ut:alice:n1", 60, nonce)])
+    store.settle([store.key(b"ut:alice:n1", 60, nonce)], FRESH)
     with pytest.raises(faults.Fault) as info:
-        store.settle([store.key(b"sig:fresh", 60, sig), store.key(b"ut:alice:n1", 60, nonce)])
+        store.settle([store.key(b"sig:fresh", 60, sig), store.key(b"ut:alice:n1", 60, nonce)], FRESH)
     assert info.value is nonce
     with pytest.raises(faults.Fault) as info:  # the same key twice in one message: the second sight is a replay
-        store.settle([store.key(b"sig:twice", 60, sig), store.key(b"sig:twice", 60, sig)])
+        store.settle([store.key(b"sig:twice", 60, sig), store.key(b"sig:twice", 60, sig)], FRESH)
     assert info.value is sig
 
 
 def test_deferred_settle_with_redis_unreachable_is_a_server_fault() -> None:
     store = DeferredRedisReplay(f"redis://127.0.0.1:{free_ports(1)[0]}/0", timeout_s=0.5)
     with pytest.raises(faults.Fault) as info:
-        store.settle([store.key(b"a", 60, faults.security("InvalidSecurity", "replay"))])
+        store.settle([store.key(b"a", 60, faults.security("InvalidSecurity", "replay"))], FRESH)
     assert info.value.sender is False and info.value.http_status == 500
     assert "replay store unavailable" in info.value.reason
 
@@ -318,3 +321,57 @@ def test_first_sight_defers_to_the_deferred_store_and_checks_the_others_now(redi
     with pytest.raises(faults.Fault):
         first_sight(memory, b"sig:x", 60, replayed, deferred)
     assert len(deferred) == 2
+
+
+# --- the replay epoch: a store that lost its memory does not reopen the replay window
+
+
+def test_a_replay_store_that_lost_its_memory_refuses_what_it_may_have_accepted_before(tmp_path: Path) -> None:
+    proc, url = start_redis(tmp_path)  # started with its epoch, as the supervisor starts its own
+    store, deferred = RedisReplayCache(url), DeferredRedisReplay(url)
+    nonce = faults.security("InvalidSecurity", "replay")
+    try:
+        time.sleep(0.01)
+        created = replay.now_ms()  # a message signed after the epoch began, accepted once
+        assert not store.seen(b"sig:m", 60)
+        replay.check_epoch(created, store.epoch_ms())
+        stop(proc)
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        proc = subprocess.Popen(["redis-server", "--port", port, "--bind", "127.0.0.1", "--save", ""],
+                                stdout=subprocess.DEVNULL)  # fmt: skip
+        for _ in range(100):  # restarted empty, as after a crash: nobody has set its epoch yet
+            try:
+                assert not store.seen(b"sig:m", 60)  # forgotten...
+                break
+            except faults.Fault:
+                time.sleep(0.05)
+        with pytest.raises(faults.Fault) as info:  # ...but older than the epoch the check starts: refused
+            replay.check_epoch(created, store.epoch_ms())
+        assert info.value.code == "MessageExpired"
+        with pytest.raises(faults.Fault) as info:  # the deferred store (SC Issue/Cancel) sees the same epoch
+            deferred.settle([deferred.key(b"sig:n", 60, nonce)], created)
+        assert info.value.code == "MessageExpired"
+        deferred.settle([deferred.key(b"sig:o", 60, nonce)], replay.now_ms() + 1)  # a new message passes
+    finally:
+        store.close()
+        stop(proc)
+
+
+def test_a_memory_store_remembers_nothing_from_before_it_started() -> None:
+    before = replay.now_ms() - 1
+    store = MemoryReplayCache(10)
+    with pytest.raises(faults.Fault, match="epoch"):
+        replay.check_epoch(before, store.epoch_ms())
+    replay.check_epoch(store.epoch_ms() + 1, store.epoch_ms())
+
+
+def test_the_epoch_is_set_once_and_a_value_that_is_no_number_fails_closed(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        first = replay.set_epoch(client, 1000)
+        assert first == 1000 and replay.set_epoch(client, 2000) == 1000  # every worker agrees on the first
+        client.set(replay.EPOCH_KEY, b"garbage")
+        mine = replay.now_ms()
+        assert replay.set_epoch(client, mine) == mine  # nothing older than now passes
+    finally:
+        client.close()

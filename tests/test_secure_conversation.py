@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
-from filters import encryption, faults, keys, ns
+from filters import encryption, faults, keys, ns, replay
 from filters import secure_conversation as sc
 from filters.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
 from filters.threat_protection import parse_envelope
@@ -75,13 +75,15 @@ def master_keys(tmp_path: Path) -> Path:
 
 
 def sealed(master_keys: Path, lifetime_s: int = LIFETIME, max_revocations: int = 1000) -> sc.SealedContextStore:
-    return sc.SealedContextStore(sc.load_master_keys(master_keys), lifetime_s, sc.MemoryRevocations(max_revocations))
+    revocations = sc.MemoryRevocations(max_revocations, epoch=NOW - timedelta(hours=1))  # the tests' clock is NOW
+    return sc.SealedContextStore(sc.load_master_keys(master_keys), lifetime_s, revocations)
 
 
 @pytest.fixture
 def redis_url(redis_server: str) -> Iterator[str]:
     client = redis.Redis.from_url(redis_server)
     client.flushdb()
+    replay.set_epoch(client, int((NOW - timedelta(hours=1)).timestamp() * 1000))  # flushed: a new epoch, before NOW
     yield redis_server
     client.close()
 

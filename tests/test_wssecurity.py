@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters import encryption, faults, keys, ns, signature, wssecurity
+from filters import encryption, faults, keys, ns, replay, signature, wssecurity
 from filters import wssecurity_sending as sending
 from filters.engine import Exchange, Outcome
 from filters.profiles import SecuredPipeline
@@ -574,7 +574,22 @@ def test_timestamp_optional_when_not_required(pki: Path) -> None:
     route = make_route(pki, "hmac", timestamp={"required": False})
     env = bare(timestamp=False)
     sign_hmac(env, psk(pki), keys.key_name("demo-client"), [env.body])
-    assert_plain(accept(SecuredPipeline(route), env.serialize()).body or b"")
+    pipeline = SecuredPipeline(route)
+    pipeline.credentials.replay = MemoryReplayCache(epoch_ms=0)  # a store that has seen everything since 1970
+    assert_plain(accept(pipeline, env.serialize()).body or b"")
+
+
+def test_without_a_timestamp_a_store_that_lost_its_memory_refuses_until_a_copy_would_have_expired(pki: Path) -> None:
+    # Nothing signed says when the message was made: a fresh store (a worker restarted) cannot tell it from one
+    # accepted before, until max_age + 2 x skew after its epoch.
+    route = make_route(pki, "hmac", timestamp={"required": False, "max_age_s": 60, "clock_skew_s": 10})
+    env = bare(timestamp=False)
+    sign_hmac(env, psk(pki), keys.key_name("demo-client"), [env.body])
+    pipeline = SecuredPipeline(route)
+    pipeline.credentials.replay = MemoryReplayCache(epoch_ms=replay.now_ms() - 79_000)
+    refuse(pipeline, env.serialize(), "MessageExpired")
+    pipeline.credentials.replay = MemoryReplayCache(epoch_ms=replay.now_ms() - 81_000)
+    assert_plain(accept(pipeline, env.serialize()).body or b"")
 
 
 # =========================================================================================================

@@ -33,8 +33,8 @@ static PHASE_COUNTS: [[AtomicU64; 4]; 5] = [const { [const { AtomicU64::new(0) }
 static REFUSALS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 
 /// What the replay checks made for the engine found (replay.rs): every key new, one seen before, no answer.
-pub const SIGHTS: [&str; 3] = ["first", "replayed", "unavailable"];
-static SIGHT_COUNTS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+pub const SIGHTS: [&str; 4] = ["first", "replayed", "before_epoch", "unavailable"];
+static SIGHT_COUNTS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
 pub fn phase(phase: Phase, outcome: Outcome) {
     PHASE_COUNTS[phase as usize][outcome as usize].fetch_add(1, Relaxed);

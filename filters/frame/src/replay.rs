@@ -3,6 +3,9 @@
 //! (only a message it accepted has any), and the frame sets them all, `SET key 1 NX PX ttl` in one pipelined round
 //! trip, before it passes the message on. One key already there is a replay; a Redis that cannot answer within
 //! the timeout refuses the message (fail closed). Same keys as the engine's own Redis store (filters/replay.py).
+//! The same round trip reads the store's replay epoch (`SET epoch now NX GET`: whoever finds it missing, a Redis
+//! restarted empty, starts it): a message whose freshness evidence is not newer than the epoch may have been
+//! accepted before the store lost its memory, and is refused.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,8 +23,9 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Debug, PartialEq, Eq)]
 pub enum Sight {
     First,
-    Replayed(usize),     // the index of the first key that was already set
-    Unavailable(String), // why Redis could not tell (never the URL: it may carry a password)
+    Replayed(usize),            // the index of the first key that was already set
+    BeforeEpoch { epoch: i64 }, // every key new, but the message not newer than the store's epoch (ms)
+    Unavailable(String),        // why Redis could not tell (never the URL: it may carry a password)
 }
 
 impl Sight {
@@ -30,7 +34,8 @@ impl Sight {
         match self {
             Sight::First => 0,
             Sight::Replayed(_) => 1,
-            Sight::Unavailable(_) => 2,
+            Sight::BeforeEpoch { .. } => 2,
+            Sight::Unavailable(_) => 3,
         }
     }
 }
@@ -59,35 +64,54 @@ impl Default for Stores {
     }
 }
 
+/// The message's freshness evidence and the key of the store's epoch (filters/replay.py): the message passes only
+/// if `since_ms` is newer than the epoch.
+pub struct Epoch<'a> {
+    pub key: &'a [u8],
+    pub since_ms: i64,
+}
+
 impl Stores {
-    /// Set every key (name, TTL in ms) in the Redis at `url`; `First` only when each one was new.
-    pub async fn first_sight(&self, url: &str, keys: &[(Vec<u8>, u64)]) -> Sight {
+    /// Set every key (name, TTL in ms) in the Redis at `url` and read its epoch; `First` only when each key was
+    /// new and the message is newer than the epoch.
+    pub async fn first_sight(&self, url: &str, keys: &[(Vec<u8>, u64)], epoch: &Epoch<'_>) -> Sight {
         // The same key twice in one message is a replay of itself (Redis would answer the second with our value).
         if let Some(i) = (1..keys.len()).find(|&i| keys[..i].iter().any(|(k, _)| *k == keys[i].0)) {
             return Sight::Replayed(i);
         }
         let value = format!("{}.{}", self.instance, self.exchanges.fetch_add(1, Ordering::Relaxed));
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
         let mut pipe = redis::pipe();
+        // First: a Redis found empty gets its epoch before any key of this message is in it.
+        pipe.cmd("SET").arg(epoch.key).arg(now_ms).arg("NX").arg("GET");
         for (name, px) in keys {
             pipe.cmd("SET").arg(name.as_slice()).arg(&value).arg("NX").arg("PX").arg(*px).arg("GET");
         }
-        let mut sight = self.send(url, &pipe, keys.len(), &value).await;
+        let mut sight = self.send(url, &pipe, keys.len(), &value, now_ms, epoch.since_ms).await;
         if let Err(Failure::Stale(_)) = sight {
-            sight = self.send(url, &pipe, keys.len(), &value).await;
+            sight = self.send(url, &pipe, keys.len(), &value, now_ms, epoch.since_ms).await;
         }
         sight.unwrap_or_else(|failure| match failure {
             Failure::Stale(why) | Failure::Other(why) => Sight::Unavailable(why),
         })
     }
 
-    async fn send(&self, url: &str, pipe: &redis::Pipeline, count: usize, value: &str) -> Result<Sight, Failure> {
+    async fn send(
+        &self,
+        url: &str,
+        pipe: &redis::Pipeline,
+        count: usize,
+        value: &str,
+        now_ms: i64,
+        since_ms: i64,
+    ) -> Result<Sight, Failure> {
         let (generation, fresh, mut connection) = match timeout(TIMEOUT, self.connection(url)).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(Failure::Other(describe(&e))),
             Err(_) => return Err(Failure::Other("connect timed out".into())),
         };
         let replies = match timeout(TIMEOUT, pipe.query_async::<Vec<Value>>(&mut connection)).await {
-            Ok(Ok(replies)) if replies.len() == count => replies,
+            Ok(Ok(replies)) if replies.len() == count + 1 => replies,
             failed => {
                 self.forget(url, generation).await;
                 return Err(match failed {
@@ -105,10 +129,15 @@ impl Stores {
             Value::BulkString(v) => v.as_slice() != value.as_bytes(),
             _ => true,
         };
-        Ok(match replies.iter().position(seen_before) {
-            Some(i) => Sight::Replayed(i),
-            None => Sight::First,
-        })
+        if let Some(i) = replies[1..].iter().position(seen_before) {
+            return Ok(Sight::Replayed(i));
+        }
+        // Nil: we started the epoch (or a retry finds our own value); a value that is no number: fail closed.
+        let epoch = match &replies[0] {
+            Value::BulkString(v) => std::str::from_utf8(v).ok().and_then(|v| v.parse().ok()).unwrap_or(now_ms),
+            _ => now_ms,
+        };
+        Ok(if since_ms <= epoch { Sight::BeforeEpoch { epoch } } else { Sight::First })
     }
 
     /// The connection to `url`, its generation, and whether it was opened just now.
@@ -189,6 +218,13 @@ mod tests {
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
     }
 
+    /// A message fresher than any epoch: these tests are about its keys.
+    const NEW: Epoch = Epoch { key: b"wsgate:epoch", since_ms: i64::MAX };
+
+    fn now_ms() -> i64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+    }
+
     fn keys(names: &[&str]) -> Vec<(Vec<u8>, u64)> {
         names.iter().map(|n| (n.as_bytes().to_vec(), 60_000)).collect()
     }
@@ -198,13 +234,13 @@ mod tests {
         let redis = Redis::start(free_port());
         let stores = Stores::default();
         let url = redis.url();
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:a", "ut:alice:n1"])).await, Sight::First);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"])).await, Sight::Replayed(0));
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a", "ut:alice:n1"]), &NEW).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::Replayed(0));
         // A fresh signature cannot carry a replayed nonce, nor the same key twice.
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b", "ut:alice:n1"])).await, Sight::Replayed(1));
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:c", "sig:c"])).await, Sight::Replayed(1));
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b", "ut:alice:n1"]), &NEW).await, Sight::Replayed(1));
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:c", "sig:c"]), &NEW).await, Sight::Replayed(1));
         // Another worker (its own connection) sees the same keys.
-        assert_eq!(Stores::default().first_sight(&url, &keys(&["sig:a"])).await, Sight::Replayed(0));
+        assert_eq!(Stores::default().first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::Replayed(0));
     }
 
     #[tokio::test]
@@ -212,10 +248,10 @@ mod tests {
         let redis = Redis::start(free_port());
         let stores = Stores::default();
         let short = vec![(b"sig:short".to_vec(), 50)];
-        assert_eq!(stores.first_sight(&redis.url(), &short).await, Sight::First);
-        assert_eq!(stores.first_sight(&redis.url(), &short).await, Sight::Replayed(0));
+        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, Sight::First);
+        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, Sight::Replayed(0));
         tokio::time::sleep(Duration::from_millis(120)).await;
-        assert_eq!(stores.first_sight(&redis.url(), &short).await, Sight::First);
+        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, Sight::First);
     }
 
     #[tokio::test]
@@ -223,13 +259,13 @@ mod tests {
         let port = free_port();
         let url = format!("redis://127.0.0.1:{port}/0");
         let stores = Stores::default();
-        assert!(matches!(stores.first_sight(&url, &keys(&["sig:a"])).await, Sight::Unavailable(_)));
+        assert!(matches!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::Unavailable(_)));
         let redis = Redis::start(port);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"])).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::First);
         drop(redis); // dies with the connection open
-        assert!(matches!(stores.first_sight(&url, &keys(&["sig:b"])).await, Sight::Unavailable(_)));
+        assert!(matches!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, Sight::Unavailable(_)));
         let _redis = Redis::start(port);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"])).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, Sight::First);
     }
 
     #[tokio::test]
@@ -238,11 +274,11 @@ mod tests {
         let url = format!("redis://127.0.0.1:{port}/0");
         let stores = Stores::default();
         let redis = Redis::start(port);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"])).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::First);
         drop(redis); // restarted while this worker's connection was open and idle
         let _redis = Redis::start(port);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"])).await, Sight::First);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"])).await, Sight::Replayed(0));
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, Sight::Replayed(0));
     }
 
     #[tokio::test]
@@ -250,20 +286,48 @@ mod tests {
         let redis = Redis::start(free_port());
         let stores = Stores::default();
         let mut pipe = redis::pipe();
+        pipe.cmd("SET").arg(NEW.key).arg(1).arg("NX").arg("GET");
         pipe.cmd("SET").arg("sig:lost").arg("mine").arg("NX").arg("PX").arg(60_000).arg("GET");
         // As if the first attempt had set the key and its reply was lost.
-        assert_eq!(stores.send(&redis.url(), &pipe, 1, "mine").await.ok(), Some(Sight::First));
-        assert_eq!(stores.send(&redis.url(), &pipe, 1, "mine").await.ok(), Some(Sight::First));
-        assert_eq!(stores.send(&redis.url(), &pipe, 1, "theirs").await.ok(), Some(Sight::Replayed(0)));
+        let url = redis.url();
+        let send = |value| stores.send(&url, &pipe, 1, value, 1, i64::MAX);
+        assert_eq!(send("mine").await.ok(), Some(Sight::First));
+        assert_eq!(send("mine").await.ok(), Some(Sight::First));
+        assert_eq!(send("theirs").await.ok(), Some(Sight::Replayed(0)));
         // A key the engine's own store set ("1") is a replay too.
-        assert_eq!(Stores::default().first_sight(&redis.url(), &keys(&["sig:lost"])).await, Sight::Replayed(0));
+        assert_eq!(Stores::default().first_sight(&redis.url(), &keys(&["sig:lost"]), &NEW).await, Sight::Replayed(0));
+    }
+
+    #[tokio::test]
+    async fn a_store_that_lost_its_memory_refuses_what_it_may_have_accepted_before() {
+        let port = free_port();
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let (stores, other_worker) = (Stores::default(), Stores::default());
+        let redis = Redis::start(port);
+        let before = Epoch { key: NEW.key, since_ms: now_ms() - 1 };
+        // The first check of an empty store starts its epoch: a message created earlier proves nothing.
+        assert!(matches!(stores.first_sight(&url, &keys(&["sig:a"]), &before).await, Sight::BeforeEpoch { .. }));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let created = Epoch { key: NEW.key, since_ms: now_ms() };
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &created).await, Sight::First);
+        assert_eq!(other_worker.first_sight(&url, &keys(&["sig:b"]), &created).await, Sight::Replayed(0));
+        drop(redis); // killed: every key gone
+        let _redis = Redis::start(port);
+        // The same message again, once the store forgot it: refused, by every worker; a new one passes.
+        let sight = other_worker.first_sight(&url, &keys(&["sig:b"]), &created).await;
+        let Sight::BeforeEpoch { epoch } = sight else { panic!("{sight:?}") };
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &created).await, Sight::Replayed(0));
+        let after = Epoch { key: NEW.key, since_ms: epoch + 1 };
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:c"]), &after).await, Sight::First);
+        // A key already there is reported as the replay it is, whatever the epoch.
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:c"]), &before).await, Sight::Replayed(0));
     }
 
     #[tokio::test]
     async fn a_refused_password_is_reported_without_it() {
         let redis = Redis::start(free_port());
         let url = redis.url().replace("redis://", "redis://user:s3cret-pw@");
-        match Stores::default().first_sight(&url, &keys(&["sig:a"])).await {
+        match Stores::default().first_sight(&url, &keys(&["sig:a"]), &NEW).await {
             Sight::Unavailable(detail) => assert!(!detail.contains("s3cret-pw"), "{detail}"),
             other => panic!("{other:?}"),
         }

@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::budget::{Budget, Ticket};
 use crate::counters::{self, Outcome, Phase};
-use crate::replay::{Sight, Stores};
+use crate::replay::{Epoch, Sight, Stores};
 use crate::table::{Refusal, Route, Table};
 
 /// The gRPC metadata naming the route (gateway/envoy_config.py sets it per route).
@@ -97,8 +97,9 @@ enum Step {
 
 /// The engine's answer to a body phase: status (0: pass on), body or None (unchanged), headers to set.
 type Answer = (u32, Option<Vec<u8>>, Vec<(String, String)>);
-/// The replay keys the engine returned with its verdict: the store's Redis URL, [(key, TTL in ms)].
-type Keys = (String, Vec<(Vec<u8>, u64)>);
+/// The replay keys the engine returned with its verdict: the store's Redis URL, [(key, TTL in ms)], and the
+/// epoch's key with the message's freshness evidence in ms (replay.rs).
+type Keys = (String, Vec<(Vec<u8>, u64)>, (Vec<u8>, i64));
 /// What `worker.handle` and `worker.replay_refused` return: the answer, the exchange, the replay keys or None.
 type Reply = (u32, Option<Vec<u8>>, Vec<(String, String)>, Py<PyAny>, Option<Keys>);
 
@@ -220,14 +221,16 @@ impl Exchange {
     }
 
     /// Set the replay keys of an accepted message, then answer as the engine said; a key already set or a Redis
-    /// that cannot answer turns the answer into the engine's refusal (`worker.replay_refused`).
+    /// that cannot answer, or a message not newer than the store's epoch, turns the answer into the engine's refusal (`worker.replay_refused`).
     async fn settle(&mut self, check: Check) -> Step {
-        let (url, keys) = &check.keys;
-        let sight = self.shared.replay.first_sight(url, keys).await;
+        let (url, keys, (epoch_key, since_ms)) = &check.keys;
+        let epoch = Epoch { key: epoch_key, since_ms: *since_ms };
+        let sight = self.shared.replay.first_sight(url, keys, &epoch).await;
         counters::sight(sight.counter());
         let (index, detail) = match sight {
             Sight::First => return answer_with(check.request, check.answer),
             Sight::Replayed(i) => (i as i64, String::new()),
+            Sight::BeforeEpoch { epoch } => (-2, format!("{epoch} {since_ms}")),
             Sight::Unavailable(detail) => (-1, detail),
         };
         let refused = Python::attach(|py| {

@@ -1,0 +1,128 @@
+"""The faults the soak (loadtest/soak.py) injects into a running gateway, and the hostile requests it sends.
+
+Each fault runs on the soak's fault thread while load goes on, holding the gateway's lock (the supervisor thread
+takes it too: one of them changes the processes at a time), and returns a short description for the log. The
+processes the supervisor restarts (a killed worker, a killed Redis) come back through `supervise_once`, exactly as
+`wsgate up` brings them back."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gateway.supervisor import Gateway
+
+DEMO = "urn:wsgate:demo"
+SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
+BACKEND_DOWN_S = 3.0  # how long the backend stays stopped
+# After a fault, this long the replies it explains (503s, store-unavailable faults, ...) count as documented.
+SETTLE_S = 5.0
+
+
+@dataclass
+class Faults:
+    gw: Gateway
+    lock: threading.Lock  # the gateway's processes: the supervisor thread or one fault at a time
+    rng: random.Random
+    policies: Path  # the soak's own copy of the policies, which `reload` changes
+
+    def worker_kill(self) -> str:
+        with self.lock:
+            i = self.rng.randrange(len(self.gw.workers))
+            os.kill(self.gw.workers[i].pid, signal.SIGKILL)
+        return f"SIGKILL filter worker {i}"
+
+    def redis_kill(self) -> str:
+        with self.lock:
+            assert self.gw.redis is not None, "the soak runs with the supervisor's Redis"
+            os.kill(self.gw.redis.pid, signal.SIGKILL)
+        return "SIGKILL redis-server"
+
+    def reload(self) -> str:
+        """Change a route (the rsa route's Timestamp max age, 300 <-> 301 s): workers reload, then Envoy."""
+        path = next(self.policies.glob("*.yaml"))
+        doc = yaml.safe_load(path.read_text())
+        route = next(r for r in doc["routes"] if r["name"] == "rsa")
+        ts = route.setdefault("timestamp", {})
+        ts["max_age_s"] = 601 - ts.get("max_age_s", 300)
+        with self.lock:
+            path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            os.utime(path)
+            changed = self.gw.reload_if_changed()
+        return (
+            f"policy reload (route rsa: timestamp.max_age_s {ts['max_age_s']}): {'applied' if changed else 'no change'}"
+        )
+
+    def backend_stop(self) -> str:
+        gw = self.gw
+        assert gw.backend is not None and gw.opts.backend
+        with self.lock:
+            gw.backend.kill()
+            gw.backend.wait()
+        time.sleep(BACKEND_DOWN_S)
+        with self.lock:
+            gw.backend = gw._spawn(
+                "backend", [sys.executable, "-m", "gateway.demo_backend", "--listen", gw.opts.backend]
+            )
+        return f"backend stopped {BACKEND_DOWN_S:g} s, started again"
+
+    def worker_replace(self) -> str:
+        """Envoy's filter endpoints moved: a worker replaced by a new one on the other port of its pair."""
+        with self.lock:
+            i = self.rng.randrange(len(self.gw.workers))
+            self.gw._recycle_worker(i)
+        return f"filter worker {i} replaced (Envoy's endpoints moved)"
+
+
+KINDS: dict[str, Callable[[Faults], str]] = {
+    "worker_kill": Faults.worker_kill,
+    "redis_kill": Faults.redis_kill,
+    "reload": Faults.reload,
+    "backend_stop": Faults.backend_stop,
+    "worker_replace": Faults.worker_replace,
+}
+HOSTILE = "hostile"  # the burst: the soak sends it (it needs the accepted messages to replay)
+ALL = (*KINDS, HOSTILE)
+
+
+def schedule(kinds: list[str], duration: float, rng: random.Random, lead: float = 2.0) -> list[tuple[float, str]]:
+    """When each fault strikes: every kind at least once, more in a long run (about one fault per 20 s), at
+    random moments in (lead, duration - SETTLE_S - backend downtime), never two within 4 s of each other."""
+    end = duration - SETTLE_S - BACKEND_DOWN_S - 1
+    if end <= lead:
+        return []
+    count = max(len(kinds), int(duration / 20))
+    picks = list(kinds) + [rng.choice(kinds) for _ in range(count - len(kinds))]
+    rng.shuffle(picks)
+    gap = min(4.0, (end - lead) / len(picks))
+    slots = sorted(rng.uniform(lead, end - gap * (len(picks) - 1)) for _ in picks)
+    return [(t + i * gap, kind) for i, (t, kind) in enumerate(zip(slots, picks, strict=True))]
+
+
+# ---- hostile requests: each must be refused, none may cost the gateway its other traffic
+
+
+def _plain(body: str, head: str = "") -> bytes:
+    return f'<soap:Envelope xmlns:soap="{SOAP11}"{head}><soap:Body>{body}</soap:Body></soap:Envelope>'.encode()
+
+
+def hostile_bodies(max_body_bytes: int) -> dict[str, bytes]:
+    """One of each shape, for an `xml` route with the default limits (gateway/policy.py Limits)."""
+    deep = "".join(f"<d:n{i}>" for i in range(2000)) + "".join(f"</d:n{i}>" for i in reversed(range(2000)))
+    return {
+        "oversized": _plain(f'<d:echo xmlns:d="{DEMO}"><d:text>{"x" * (max_body_bytes + 1024)}</d:text></d:echo>'),
+        "deep": _plain(f'<d:echo xmlns:d="{DEMO}">{deep}</d:echo>'),
+        "namespace flood": _plain(
+            f'<d:echo xmlns:d="{DEMO}"><d:text>x</d:text></d:echo>',
+            "".join(f' xmlns:n{i}="urn:flood:{i}"' for i in range(5000)),
+        ),
+    }
