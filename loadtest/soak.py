@@ -82,7 +82,7 @@ class Tally:
     why: Counter[str] = field(default_factory=Counter)  # "lost: ...", "refused: ...", "corrupted: ..."
     memory: dict[int, dict[str, float]] = field(default_factory=dict)  # second -> process -> MiB
     events: list[tuple[float, str]] = field(default_factory=list)  # (seconds into the run, what happened)
-    windows: list[float] = field(default_factory=list)  # when each fault began to settle, and its end
+    windows: list[list[float]] = field(default_factory=list)  # [when each fault began, when it has settled]
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, what: str, profile: str | None = None, why: str | None = None) -> None:
@@ -96,11 +96,19 @@ class Tally:
     def settling(self) -> bool:
         now = time.monotonic()
         with self.lock:
-            return any(s <= now <= e for s, e in zip(self.windows[::2], self.windows[1::2], strict=True))
+            return any(begun <= now <= end for begun, end in self.windows)
 
-    def settle(self, begun: float) -> None:
+    def strike(self) -> list[float]:
+        """A fault begins: what it explains is documented from now until `settled` says (a backend stopped for
+        3 s answers 503 during those 3 s, not only after them)."""
+        window = [time.monotonic(), float("inf")]
         with self.lock:
-            self.windows += [begun, time.monotonic() + faults.SETTLE_S]
+            self.windows.append(window)
+        return window
+
+    def settled(self, window: list[float]) -> None:
+        with self.lock:
+            window[1] = time.monotonic() + faults.SETTLE_S
 
     def totals(self) -> Counter[str]:
         total: Counter[str] = Counter()
@@ -361,12 +369,13 @@ def _soak(gw: Gateway, driver: Driver, plan: list[tuple[float, str]], duration: 
     for at, kind in plan:
         if driver.stop.wait(max(0.0, tally.started + at - time.monotonic())):
             break
-        begun = time.monotonic()
+        window = tally.strike()
+        begun = window[0]
         if kind == faults.HOSTILE:
             what = driver.hostile_burst(rng)
         else:
             what = faults.KINDS[kind](injector)
-        tally.settle(begun)
+        tally.settled(window)
         tally.events.append((begun - tally.started, what))
         print(f"  {begun - tally.started:6.1f}s  {what}", file=log, flush=True)
         if kind == "redis_kill":  # what was accepted before the loss must stay refused after it
