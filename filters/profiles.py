@@ -15,7 +15,20 @@ from pathlib import Path
 
 from lxml import etree
 
-from filters import auth_throttle, encryption, faults, header_blocks, keys, metrics, ns, replay, signature, wssecurity
+from filters import (
+    auth_throttle,
+    context_store,
+    encryption,
+    faults,
+    header_blocks,
+    keys,
+    metrics,
+    ns,
+    replay,
+    signature,
+    ws_trust,
+    wssecurity,
+)
 from filters import secure_conversation as sc
 from filters import wssecurity_sending as sending
 from filters.optimizations import Optimizations
@@ -220,10 +233,10 @@ class SecureConversationPipeline(SecuredPipeline):
 
     def __init__(self, route: Route, defer_replay: bool = False) -> None:
         super().__init__(route, defer_replay)
-        self.store = sc.make_store(route.secureconversation, os.environ.get(REDIS_URL_ENV))
+        self.store = context_store.make_store(route.secureconversation, os.environ.get(REDIS_URL_ENV))
         self.in_context = replace(self.requirements, signer="context")
         self.context_credentials = replace(
-            self.credentials, contexts=lambda now, local: sc.store_resolver(self.store, now, local)
+            self.credentials, contexts=lambda now, local: context_store.store_resolver(self.store, now, local)
         )
 
     def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
@@ -240,39 +253,39 @@ class SecureConversationPipeline(SecuredPipeline):
             else:
                 verified = wssecurity.process(env, self.requirements, self.credentials, now)
         check_structure(env.root)
-        rst = sc.find_rst(env)
+        rst = ws_trust.find_rst(env)
         if rst is not None:
             # Issue and Cancel change the context store: their replay keys are settled first, here (rare messages).
             if isinstance(self.credentials.replay, replay.DeferredRedisReplay):
                 self.credentials.replay.settle(verified.replay_keys, verified.replay_since_ms)
-            return self._answer(sc.parse_rst(rst), env, verified, headers, now)
+            return self._answer(ws_trust.parse_rst(rst), env, verified, headers, now)
         if verified.context is None:
             raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")
         return self.deliver(env, verified, verified.context.subject, headers, ex)
 
     def _answer(
-        self, rst: sc.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime
+        self, rst: ws_trust.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime
     ) -> Outcome:
         route = self.route
-        relates_to = sc.message_id(env)
+        relates_to = ws_trust.message_id(env)
         if rst.request_type == "issue":
             if verified.context is not None or verified.signer_certificate is None or verified.subject is None:
                 raise faults.security("InvalidSecurity", "an Issue request must be signed with an X.509 certificate")
             # Client entropy is only secret if nobody could read it on the way: encrypted Body or TLS (Envoy writes
             # x-forwarded-proto itself: the client's is dropped before routing, gateway/envoy_config.py).
             confidential = verified.decrypted_body or headers.get("x-forwarded-proto") == "https"
-            answer = sc.answer_issue(
+            answer = ws_trust.answer_issue(
                 rst, self.store, verified.signer_certificate, verified.subject, now, entropy_confidential=confidential
             )
-            reply = sc.envelope(
+            reply = ws_trust.envelope(
                 env.version, answer.response, action=rst.version.issue_reply_action, relates_to=relates_to
             )
             sign, encrypt, tokens = self.response_security(verified)
         else:
             if verified.context is None:
                 raise faults.security("InvalidSecurity", "a Cancel request must be signed with the context's keys")
-            rstr = sc.answer_cancel(rst, self.store, verified.context, now)
-            reply = sc.envelope(env.version, rstr, action=rst.version.cancel_reply_action, relates_to=relates_to)
+            rstr = ws_trust.answer_cancel(rst, self.store, verified.context, now)
+            reply = ws_trust.envelope(env.version, rstr, action=rst.version.cancel_reply_action, relates_to=relates_to)
             sign, encrypt, tokens = self.response_security(verified)
         with metrics.stage(route, "secure"):
             self.secure(reply, now, sign, encrypt, tokens)

@@ -16,7 +16,7 @@ import requests
 from cryptography import x509
 
 from certs import pki
-from filters import encryption, faults, keys, ns, signature, wssecurity
+from filters import encryption, faults, keys, ns, signature, ws_trust, wssecurity
 from filters import secure_conversation as sc
 from filters import wssecurity_sending as sending
 from filters.profiles import context_security
@@ -212,14 +212,16 @@ class Client:
         """Ask the gateway for a security context (Issue RST, signed and its Body encrypted: the entropy is secret)."""
         version = next(v for v in sc.VERSIONS if v.name == self.cfg.sc_version)
         entropy = os.urandom(32)
-        env = sc.envelope(soap_version, sc.build_issue_rst(version, entropy=entropy), action=version.issue_action)
+        env = ws_trust.envelope(
+            soap_version, ws_trust.build_issue_rst(version, entropy=entropy), action=version.issue_action
+        )
         saved, self.cfg.encrypt = self.cfg.encrypt, True
         try:
             secured, pending = self._secure(env, datetime.now(UTC))
         finally:
             self.cfg.encrypt = saved
         reply = self.open(post(secured, content_type(soap_version)), pending)
-        issued = sc.read_rstr(reply.body[0], entropy=entropy, private_key=self.private_key)
+        issued = ws_trust.read_rstr(reply.body[0], entropy=entropy, private_key=self.private_key)
         self.context = issued.context
         return issued.context
 
@@ -227,10 +229,12 @@ class Client:
         """End the context (Cancel RST signed with its keys)."""
         if self.context is None:
             raise ClientError("no security context to cancel")
-        env = sc.envelope(soap_version, sc.build_cancel_rst(self.context), action=self.context.version.cancel_action)
+        env = ws_trust.envelope(
+            soap_version, ws_trust.build_cancel_rst(self.context), action=self.context.version.cancel_action
+        )
         secured = self._secure_in_context(env, datetime.now(UTC))
         reply = self.open(post(secured, content_type(soap_version)), Pending(soap_version=soap_version))
-        sc.read_cancel_rstr(reply.body[0])
+        ws_trust.read_cancel_rstr(reply.body[0])
         self.context = None
 
     def _context_resolver(self, now: datetime, local: Mapping[str, sc.Sct]) -> sc.SctResolver:

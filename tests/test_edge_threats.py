@@ -26,6 +26,7 @@ import requests
 from lxml import etree
 
 from filters import secure_conversation as sc
+from filters import ws_trust
 from gateway.client import Client, ClientConfig
 from gateway.supervisor import Gateway
 from tests.harness import clear, envelope, received, running_gateway
@@ -287,7 +288,9 @@ def _issue_proof(gw: Gateway, pki: Path, *, tls: bool, headers: bytes) -> str:
     route = make_route(pki, "secureconversation", name="sc", encryption={"encrypt_response": True})
     client = Client(route, ClientConfig(certs=pki, sc_version="1.3"))
     version = next(v for v in sc.VERSIONS if v.name == "1.3")
-    env = sc.envelope("1.1", sc.build_issue_rst(version, entropy=os.urandom(32)), action=version.issue_action)
+    env = ws_trust.envelope(
+        "1.1", ws_trust.build_issue_rst(version, entropy=os.urandom(32)), action=version.issue_action
+    )
     secured, pending = client._secure(env, datetime.now(UTC))  # signed like `establish`, but the Body in clear
     status, reply = send(gw, b"/sc/demo", pki, tls=tls, headers=headers, body=secured)
     assert status == 200, reply[:500]

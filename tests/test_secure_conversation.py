@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
-from filters import encryption, faults, keys, ns, replay
+from filters import context_store, encryption, faults, keys, ns, replay, ws_trust
 from filters import secure_conversation as sc
 from filters.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
 from filters.threat_protection import parse_envelope
@@ -74,9 +74,13 @@ def master_keys(tmp_path: Path) -> Path:
     return write_master_keys(tmp_path / "sct-master-keys.yaml", "k1")
 
 
-def sealed(master_keys: Path, lifetime_s: int = LIFETIME, max_revocations: int = 1000) -> sc.SealedContextStore:
-    revocations = sc.MemoryRevocations(max_revocations, epoch=NOW - timedelta(hours=1))  # the tests' clock is NOW
-    return sc.SealedContextStore(sc.load_master_keys(master_keys), lifetime_s, revocations)
+def sealed(
+    master_keys: Path, lifetime_s: int = LIFETIME, max_revocations: int = 1000
+) -> context_store.SealedContextStore:
+    revocations = context_store.MemoryRevocations(
+        max_revocations, epoch=NOW - timedelta(hours=1)
+    )  # the tests' clock is NOW
+    return context_store.SealedContextStore(context_store.load_master_keys(master_keys), lifetime_s, revocations)
 
 
 @pytest.fixture
@@ -91,7 +95,7 @@ def redis_url(redis_server: str) -> Iterator[str]:
 # --- every store, built the way a route builds it
 
 STORE_KINDS = ["sealed", "sealed-shared-cancel", "memory", "redis"]
-StoreFactory = Callable[..., sc.ContextStore]
+StoreFactory = Callable[..., context_store.ContextStore]
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -99,24 +103,26 @@ def make(request: pytest.FixtureRequest, master_keys: Path) -> Iterator[StoreFac
     """Builds stores of one kind (a second call: another replica sharing what that kind shares)."""
     kind = request.param
     url = request.getfixturevalue("redis_url") if kind in ("redis", "sealed-shared-cancel") else None
-    built: list[sc.ContextStore] = []
+    built: list[context_store.ContextStore] = []
 
-    def factory(lifetime_s: int = LIFETIME, max_contexts: int = 1000) -> sc.ContextStore:
+    def factory(lifetime_s: int = LIFETIME, max_contexts: int = 1000) -> context_store.ContextStore:
         options = SecureConversationOptions(
             store="memory" if kind == "memory" else "redis" if kind == "redis" else "sealed",
             lifetime_s=lifetime_s,
             max_contexts=max_contexts,
             master_keys_file=str(master_keys),
         )
-        store = sc.make_store(options, url)
+        store = context_store.make_store(options, url)
         built.append(store)
         return store
 
     yield factory
     for store in built:
-        if isinstance(store, sc.RedisContextStore):
+        if isinstance(store, context_store.RedisContextStore):
             store.close()
-        if isinstance(store, sc.SealedContextStore) and isinstance(store.revocations, sc.RedisRevocations):
+        if isinstance(store, context_store.SealedContextStore) and isinstance(
+            store.revocations, context_store.RedisRevocations
+        ):
             store.revocations.close()
 
 
@@ -276,9 +282,9 @@ def test_dkt_refusals(params: str, attrs: str, code: str) -> None:
     ids=["x509", "no-value-type", "key-identifier", "encrypted-key", "missing-local", "empty"],
 )
 def test_unknown_derivation_source(version: Version, reference: str) -> None:
-    store = sc.MemoryContextStore(LIFETIME, 10)
+    store = context_store.MemoryContextStore(LIFETIME, 10)
     with refused("UnknownDerivationSource", version.wsc):
-        sc.derive(dkt_xml(version, nonce_xml(), reference), sc.store_resolver(store, NOW, {}))
+        sc.derive(dkt_xml(version, nonce_xml(), reference), context_store.store_resolver(store, NOW, {}))
 
 
 def test_dkt_of_one_version_naming_an_sct_of_the_other() -> None:
@@ -302,24 +308,24 @@ def security_header(*children: etree._Element) -> etree._Element:
 
 @pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
 def test_dkt_referencing_an_sct_in_the_same_header(version: Version) -> None:
-    store = sc.MemoryContextStore(LIFETIME, 10)
+    store = context_store.MemoryContextStore(LIFETIME, 10)
     ctx = store.issue(SECRET, SUBJECT, version, NOW)
-    token = sc._sct_element(version, ctx.identifier, "sct-1")
+    token = sc.sct_element(version, ctx.identifier, "sct-1")
     mine = sc.message_keys(ctx, local_id="sct-1")
     security = security_header(token, mine.signing.element, mine.encryption.element)
     local = sc.header_scts(reparsed(security))
     assert local == {"sct-1": sc.Sct(version, ctx.identifier, "sct-1")}
-    resolve = sc.store_resolver(store, NOW, local)
+    resolve = context_store.store_resolver(store, NOW, local)
     assert sc.derive(reparsed(mine.signing.element), resolve).key == mine.signing.key
     assert sc.derive(reparsed(mine.encryption.element), resolve).key == mine.encryption.key
     assert mine.signing.key != mine.encryption.key
     # Without the header's SCTs, '#sct-1' names nothing.
     with refused("UnknownDerivationSource", version.wsc):
-        sc.derive(reparsed(mine.signing.element), sc.store_resolver(store, NOW))
+        sc.derive(reparsed(mine.signing.element), context_store.store_resolver(store, NOW))
 
 
 def test_header_sct_ids_must_be_unique() -> None:
-    token = sc._sct_element(WSC_1_3, "urn:uuid:a", "dup")
+    token = sc.sct_element(WSC_1_3, "urn:uuid:a", "dup")
     security = security_header(token)
     body_child = security.getroottree().getroot()[1][0]
     body_child.set(ns.q(ns.WSU, "Id"), "dup")
@@ -393,7 +399,7 @@ def test_message_keys_have_distinct_nonces() -> None:
 
 
 def issue(
-    store: sc.ContextStore,
+    store: context_store.ContextStore,
     version: Version,
     client_key: rsa.RSAPrivateKey,
     client_cert: x509.Certificate,
@@ -401,10 +407,10 @@ def issue(
     entropy: bytes | None,
     confidential: bool = True,
     now: datetime = NOW,
-) -> tuple[sc.IssueAnswer, sc.IssuedContext]:
-    rst = sc.parse_rst(reparsed(sc.build_issue_rst(version, entropy=entropy, context="req-1")))
-    answer = sc.answer_issue(rst, store, client_cert, SUBJECT, now, entropy_confidential=confidential)
-    got = sc.read_rstr(reparsed(answer.response), entropy=entropy, private_key=client_key)
+) -> tuple[ws_trust.IssueAnswer, ws_trust.IssuedContext]:
+    rst = ws_trust.parse_rst(reparsed(ws_trust.build_issue_rst(version, entropy=entropy, context="req-1")))
+    answer = ws_trust.answer_issue(rst, store, client_cert, SUBJECT, now, entropy_confidential=confidential)
+    got = ws_trust.read_rstr(reparsed(answer.response), entropy=entropy, private_key=client_key)
     return answer, got
 
 
@@ -429,7 +435,7 @@ def test_issue_use_cancel(
     assert sc.parse_sct(got.token).identifier == ctx.identifier
 
     # The gateway finds the context again from the keys the client derives.
-    resolve = sc.store_resolver(store, NOW)
+    resolve = context_store.store_resolver(store, NOW)
     mine = sc.message_keys(ctx)
     for dk in (mine.signing, mine.encryption):
         found = sc.derive(reparsed(dk.element), resolve)
@@ -439,25 +445,25 @@ def test_issue_use_cancel(
         assert found.context.secret == ctx.secret
 
     proven = store.lookup(ctx.identifier, version, NOW)
-    cancel = sc.parse_rst(reparsed(sc.build_cancel_rst(ctx, context="req-2")))
+    cancel = ws_trust.parse_rst(reparsed(ws_trust.build_cancel_rst(ctx, context="req-2")))
     assert cancel.request_type == "cancel"
-    reply = sc.answer_cancel(cancel, store, proven, NOW)
+    reply = ws_trust.answer_cancel(cancel, store, proven, NOW)
     assert reply.get("Context") == "req-2"
-    assert sc.read_cancel_rstr(reparsed(reply)) is version
+    assert ws_trust.read_cancel_rstr(reparsed(reply)) is version
     with refused("BadContextToken", version.wsc):
         store.lookup(ctx.identifier, version, NOW)
     with refused("BadContextToken", version.wsc):  # the next message's resolver
-        sc.derive(reparsed(mine.signing.element), sc.store_resolver(store, NOW))
+        sc.derive(reparsed(mine.signing.element), context_store.store_resolver(store, NOW))
 
 
 def test_one_lookup_per_context_per_message(client_key: rsa.RSAPrivateKey, client_cert: x509.Certificate) -> None:
     # Both derived keys of a message name the same context: one store lookup (with Redis, one round trip).
-    store = sc.MemoryContextStore(LIFETIME, 10)
+    store = context_store.MemoryContextStore(LIFETIME, 10)
     _, got = issue(store, sc.VERSIONS[0], client_key, client_cert, entropy=os.urandom(32))
     lookups: list[str] = []
     lookup = store.lookup
     store.lookup = lambda identifier, version, now: lookups.append(identifier) or lookup(identifier, version, now)  # type: ignore[method-assign]
-    resolve = sc.store_resolver(store, NOW)
+    resolve = context_store.store_resolver(store, NOW)
     mine = sc.message_keys(got.context)
     for dk in (mine.signing, mine.encryption):
         assert sc.derive(reparsed(dk.element), resolve).key == dk.key
@@ -518,7 +524,7 @@ def test_wcf_style_issue_rst() -> None:
         f"{base64.b64encode(entropy).decode()}</wst:BinarySecret></wst:Entropy><wst:KeySize>256</wst:KeySize>",
         ' Context="uuid-1"',
     )
-    rst = sc.parse_rst(el)
+    rst = ws_trust.parse_rst(el)
     assert (rst.version, rst.request_type, rst.context, rst.key_size_bits, rst.entropy) == (
         v,
         "issue",
@@ -529,7 +535,7 @@ def test_wcf_style_issue_rst() -> None:
 
 
 def test_minimal_issue_rst() -> None:
-    rst = sc.parse_rst(
+    rst = ws_trust.parse_rst(
         rst_xml(WSC_1_3, f"<wst:RequestType>{WSC_1_3.issue}</wst:RequestType><wst:KeySize>128</wst:KeySize>")
     )
     assert (rst.entropy, rst.key_size_bits, rst.context) == (None, 128, None)
@@ -573,37 +579,37 @@ V = WSC_1_3
 )
 def test_bad_rsts(inner: str) -> None:
     with refused("InvalidRequest", V.wst):
-        sc.parse_rst(rst_xml(V, inner))
+        ws_trust.parse_rst(rst_xml(V, inner))
 
 
 def test_overlong_context_attribute_refused() -> None:
     with refused("InvalidRequest", V.wst):
-        sc.parse_rst(rst_xml(V, issue_with(V, ""), f' Context="{"c" * 2000}"'))
+        ws_trust.parse_rst(rst_xml(V, issue_with(V, ""), f' Context="{"c" * 2000}"'))
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
 def test_renew_is_refused(version: Version) -> None:
     with refused("UnableToRenew", version.wsc):
-        sc.parse_rst(rst_xml(version, f"<wst:RequestType>{version.renew}</wst:RequestType>"))
+        ws_trust.parse_rst(rst_xml(version, f"<wst:RequestType>{version.renew}</wst:RequestType>"))
 
 
 def test_not_an_rst() -> None:
     with pytest.raises(faults.Fault, check=lambda f: f.code == "" and f.sender):
-        sc.parse_rst(etree.fromstring('<RequestSecurityToken xmlns="urn:other"/>'))
+        ws_trust.parse_rst(etree.fromstring('<RequestSecurityToken xmlns="urn:other"/>'))
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
 def test_cancel_targets(version: Version) -> None:
     # CXF puts the token itself in CancelTarget; others reference it by Identifier or by '#id'.
-    token = etree.tostring(sc._sct_element(version, "urn:uuid:abc", "sct-9")).decode()
-    by_token = sc.parse_rst(
+    token = etree.tostring(sc.sct_element(version, "urn:uuid:abc", "sct-9")).decode()
+    by_token = ws_trust.parse_rst(
         rst_xml(
             version, f"<wst:RequestType>{version.cancel}</wst:RequestType><wst:CancelTarget>{token}</wst:CancelTarget>"
         )
     )
     assert by_token.cancel_target == sc.SctRef(version, identifier="urn:uuid:abc")
     local = etree.tostring(sc.sct_reference(version, local_id="sct-9")).decode()
-    by_id = sc.parse_rst(
+    by_id = ws_trust.parse_rst(
         rst_xml(
             version, f"<wst:RequestType>{version.cancel}</wst:RequestType><wst:CancelTarget>{local}</wst:CancelTarget>"
         )
@@ -612,16 +618,16 @@ def test_cancel_targets(version: Version) -> None:
 
 
 def test_cancel_by_local_reference(client_key: rsa.RSAPrivateKey, client_cert: x509.Certificate) -> None:
-    store = sc.MemoryContextStore(LIFETIME, 10)
+    store = context_store.MemoryContextStore(LIFETIME, 10)
     _, got = issue(store, V, client_key, client_cert, entropy=None)
     target = etree.tostring(sc.sct_reference(V, local_id="sct-in-header")).decode()
-    rst = sc.parse_rst(
+    rst = ws_trust.parse_rst(
         rst_xml(V, f"<wst:RequestType>{V.cancel}</wst:RequestType><wst:CancelTarget>{target}</wst:CancelTarget>")
     )
     with refused("BadContextToken", V.wsc):
-        sc.answer_cancel(rst, store, got.context, NOW)  # the header's SCTs were not given
+        ws_trust.answer_cancel(rst, store, got.context, NOW)  # the header's SCTs were not given
     local = {"sct-in-header": sc.Sct(V, got.context.identifier, "sct-in-header")}
-    sc.answer_cancel(rst, store, got.context, NOW, local)
+    ws_trust.answer_cancel(rst, store, got.context, NOW, local)
     with refused("BadContextToken", V.wsc):
         store.lookup(got.context.identifier, V, NOW)
 
@@ -629,12 +635,12 @@ def test_cancel_by_local_reference(client_key: rsa.RSAPrivateKey, client_cert: x
 def test_cancel_only_the_context_the_message_proved(
     client_key: rsa.RSAPrivateKey, client_cert: x509.Certificate
 ) -> None:
-    store = sc.MemoryContextStore(LIFETIME, 10)
+    store = context_store.MemoryContextStore(LIFETIME, 10)
     _, mine = issue(store, V, client_key, client_cert, entropy=None)
     _, theirs = issue(store, V, client_key, client_cert, entropy=None)
-    rst = sc.parse_rst(sc.build_cancel_rst(theirs.context))
+    rst = ws_trust.parse_rst(ws_trust.build_cancel_rst(theirs.context))
     with refused("BadContextToken", V.wsc):
-        sc.answer_cancel(rst, store, mine.context, NOW)
+        ws_trust.answer_cancel(rst, store, mine.context, NOW)
     assert store.lookup(theirs.context.identifier, V, NOW).secret == theirs.context.secret
 
 
@@ -706,9 +712,9 @@ def test_entropy_sent_in_the_clear_is_not_used(
 def test_key_size_is_honoured(master_keys: Path, client_key: rsa.RSAPrivateKey, client_cert: x509.Certificate) -> None:
     store = sealed(master_keys)
     for entropy in (None, os.urandom(16)):
-        rst = sc.parse_rst(sc.build_issue_rst(V, entropy=entropy, key_size_bits=128))
-        answer = sc.answer_issue(rst, store, client_cert, SUBJECT, NOW, entropy_confidential=True)
-        got = sc.read_rstr(reparsed(answer.response), entropy=entropy, private_key=client_key, key_size_bits=999)
+        rst = ws_trust.parse_rst(ws_trust.build_issue_rst(V, entropy=entropy, key_size_bits=128))
+        answer = ws_trust.answer_issue(rst, store, client_cert, SUBJECT, NOW, entropy_confidential=True)
+        got = ws_trust.read_rstr(reparsed(answer.response), entropy=entropy, private_key=client_key, key_size_bits=999)
         assert len(got.context.secret) == 16 == len(answer.context.secret)
         assert got.context.secret == answer.context.secret
 
@@ -718,8 +724,8 @@ def test_client_refuses_unusable_rstrs(
 ) -> None:
     store = sealed(master_keys)
     entropy = os.urandom(32)
-    computed = sc.answer_issue(
-        sc.parse_rst(sc.build_issue_rst(V, entropy=entropy)),
+    computed = ws_trust.answer_issue(
+        ws_trust.parse_rst(ws_trust.build_issue_rst(V, entropy=entropy)),
         store,
         client_cert,
         SUBJECT,
@@ -727,36 +733,41 @@ def test_client_refuses_unusable_rstrs(
         entropy_confidential=True,
     ).response
     with refused("InvalidSecurityToken"):
-        sc.read_rstr(computed, entropy=None, private_key=client_key)
-    encrypted = sc.answer_issue(
-        sc.parse_rst(sc.build_issue_rst(V, entropy=None)), store, client_cert, SUBJECT, NOW, entropy_confidential=True
+        ws_trust.read_rstr(computed, entropy=None, private_key=client_key)
+    encrypted = ws_trust.answer_issue(
+        ws_trust.parse_rst(ws_trust.build_issue_rst(V, entropy=None)),
+        store,
+        client_cert,
+        SUBJECT,
+        NOW,
+        entropy_confidential=True,
     ).response
     with refused("InvalidSecurityToken"):
-        sc.read_rstr(encrypted, entropy=None, private_key=None)
+        ws_trust.read_rstr(encrypted, entropy=None, private_key=None)
     two = copy.deepcopy(encrypted)
     two.append(copy.deepcopy(two[0]))
     with refused("InvalidSecurityToken"):
-        sc.read_rstr(two, entropy=None, private_key=client_key)
+        ws_trust.read_rstr(two, entropy=None, private_key=client_key)
     no_lifetime = copy.deepcopy(encrypted)
     rstr = no_lifetime[0]
     lifetime = rstr.find(ns.q(V.wst, "Lifetime"))
     assert lifetime is not None
     rstr.remove(lifetime)
     with refused("InvalidSecurityToken"):
-        sc.read_rstr(no_lifetime, entropy=None, private_key=client_key)
+        ws_trust.read_rstr(no_lifetime, entropy=None, private_key=client_key)
     with refused("InvalidSecurityToken"):
-        sc.read_cancel_rstr(encrypted)
+        ws_trust.read_cancel_rstr(encrypted)
 
 
 def test_envelopes_for_the_exchange() -> None:
-    request = sc.envelope("1.2", sc.build_issue_rst(V, entropy=None), action=V.issue_action)
+    request = ws_trust.envelope("1.2", ws_trust.build_issue_rst(V, entropy=None), action=V.issue_action)
     parsed = parse_envelope(request.serialize(), Limits())
     assert parsed.version == "1.2"
-    rst = sc.find_rst(parsed)
-    assert rst is not None and sc.parse_rst(rst).request_type == "issue"
-    asked = sc.message_id(parsed)
+    rst = ws_trust.find_rst(parsed)
+    assert rst is not None and ws_trust.parse_rst(rst).request_type == "issue"
+    asked = ws_trust.message_id(parsed)
     assert asked is not None and asked.startswith("urn:uuid:")
-    reply = sc.envelope("1.2", etree.Element("x"), action=V.issue_reply_action, relates_to=asked)
+    reply = ws_trust.envelope("1.2", etree.Element("x"), action=V.issue_reply_action, relates_to=asked)
     header = reply.header
     assert header is not None
     assert header.findtext(ns.q(ns.WSA, "Action")) == V.issue_reply_action
@@ -764,8 +775,8 @@ def test_envelopes_for_the_exchange() -> None:
     plain = parse_envelope(
         f'<s:Envelope xmlns:s="{ns.SOAP11}"><s:Body><m xmlns="urn:m"/></s:Body></s:Envelope>'.encode(), Limits()
     )
-    assert sc.find_rst(plain) is None
-    assert sc.message_id(plain) is None
+    assert ws_trust.find_rst(plain) is None
+    assert ws_trust.message_id(plain) is None
 
 
 # --- sealed store
@@ -917,8 +928,10 @@ def test_sealed_cancellation_is_per_process_without_redis(master_keys: Path) -> 
 
 
 def test_sealed_cancellation_shared_through_redis(master_keys: Path, redis_url: str) -> None:
-    revocations = [sc.RedisRevocations(redis_url), sc.RedisRevocations(redis_url)]
-    one, two = (sc.SealedContextStore(sc.load_master_keys(master_keys), LIFETIME, r) for r in revocations)
+    revocations = [context_store.RedisRevocations(redis_url), context_store.RedisRevocations(redis_url)]
+    one, two = (
+        context_store.SealedContextStore(context_store.load_master_keys(master_keys), LIFETIME, r) for r in revocations
+    )
     try:
         ctx = one.issue(SECRET, SUBJECT, V, NOW)
         assert two.lookup(ctx.identifier, V, NOW) == ctx
@@ -939,7 +952,7 @@ def test_sealed_cancellation_shared_through_redis(master_keys: Path, redis_url: 
 
 
 def test_memory_store_full_of_live_contexts_refuses() -> None:
-    store = sc.MemoryContextStore(lifetime_s=60, max_contexts=3)
+    store = context_store.MemoryContextStore(lifetime_s=60, max_contexts=3)
     live = [store.issue(SECRET, SUBJECT, V, NOW) for _ in range(3)]
     with pytest.raises(faults.Fault) as info:
         store.issue(SECRET, SUBJECT, V, NOW)
@@ -951,7 +964,7 @@ def test_memory_store_full_of_live_contexts_refuses() -> None:
 
 
 def test_memory_store_makes_room_from_expired_contexts() -> None:
-    store = sc.MemoryContextStore(lifetime_s=60, max_contexts=3)
+    store = context_store.MemoryContextStore(lifetime_s=60, max_contexts=3)
     early = store.issue(SECRET, SUBJECT, V, NOW)
     later = [store.issue(SECRET, SUBJECT, V, NOW + timedelta(seconds=30)) for _ in range(2)]
     then = NOW + timedelta(seconds=61)
@@ -965,7 +978,7 @@ def test_memory_store_makes_room_from_expired_contexts() -> None:
 
 
 def test_memory_store_forgets_long_expired_contexts() -> None:
-    store = sc.MemoryContextStore(lifetime_s=60, max_contexts=100)
+    store = context_store.MemoryContextStore(lifetime_s=60, max_contexts=100)
     for _ in range(10):
         store.issue(SECRET, SUBJECT, V, NOW)
     store.issue(SECRET, SUBJECT, V, NOW + timedelta(seconds=60 + sc.EXPIRED_GRACE_S))
@@ -973,7 +986,7 @@ def test_memory_store_forgets_long_expired_contexts() -> None:
 
 
 def test_memory_store_stays_bounded() -> None:
-    store = sc.MemoryContextStore(lifetime_s=60, max_contexts=1000)
+    store = context_store.MemoryContextStore(lifetime_s=60, max_contexts=1000)
     now = NOW
     for i in range(20_000):
         now += timedelta(milliseconds=10)  # 6,000 contexts per lifetime: more than fit
@@ -991,7 +1004,7 @@ def test_memory_store_stays_bounded() -> None:
 
 
 def test_redis_record_and_expiry(redis_url: str) -> None:
-    store = sc.RedisContextStore(redis_url, lifetime_s=LIFETIME, prefix="t:")
+    store = context_store.RedisContextStore(redis_url, lifetime_s=LIFETIME, prefix="t:")
     client = redis.Redis.from_url(redis_url)
     try:
         ctx = store.issue(SECRET, SUBJECT, V, NOW)
@@ -1009,7 +1022,7 @@ def test_redis_record_and_expiry(redis_url: str) -> None:
 
 
 def test_redis_forgets_the_secret_when_the_context_expires(redis_url: str) -> None:
-    store = sc.RedisContextStore(redis_url, lifetime_s=1)
+    store = context_store.RedisContextStore(redis_url, lifetime_s=1)
     client = redis.Redis.from_url(redis_url)
     try:
         ctx = store.issue(SECRET, SUBJECT, V, datetime.now(UTC))
@@ -1023,7 +1036,10 @@ def test_redis_forgets_the_secret_when_the_context_expires(redis_url: str) -> No
 
 
 def test_two_redis_stores_share_contexts(redis_url: str) -> None:
-    one, two = sc.RedisContextStore(redis_url, LIFETIME), sc.RedisContextStore(redis_url, LIFETIME)
+    one, two = (
+        context_store.RedisContextStore(redis_url, LIFETIME),
+        context_store.RedisContextStore(redis_url, LIFETIME),
+    )
     try:
         mine = one.issue(SECRET, SUBJECT, WSC_2005_02, NOW)
         theirs = two.issue(os.urandom(32), "CN=Other", V, NOW)
@@ -1038,7 +1054,7 @@ def test_two_redis_stores_share_contexts(redis_url: str) -> None:
 
 
 def test_redis_unavailable_is_a_server_fault() -> None:
-    store = sc.RedisContextStore(f"redis://127.0.0.1:{free_ports(1)[0]}/0", LIFETIME, timeout_s=0.5)
+    store = context_store.RedisContextStore(f"redis://127.0.0.1:{free_ports(1)[0]}/0", LIFETIME, timeout_s=0.5)
     try:
         for attempt in (lambda: store.issue(SECRET, SUBJECT, V, NOW), lambda: store.lookup("urn:uuid:x", V, NOW)):
             with pytest.raises(faults.Fault, check=lambda f: not f.sender and "unavailable" in f.reason):
@@ -1054,22 +1070,26 @@ def test_make_store_kinds(master_keys: Path, redis_url: str) -> None:
     def options(**kw: object) -> SecureConversationOptions:
         return SecureConversationOptions.model_validate({"master_keys_file": str(master_keys), **kw})
 
-    memory = sc.make_store(options(store="memory", max_contexts=7))
-    assert isinstance(memory, sc.MemoryContextStore) and memory.max_contexts == 7
-    default = sc.make_store(options())
-    assert isinstance(default, sc.SealedContextStore) and isinstance(default.revocations, sc.MemoryRevocations)
-    shared = sc.make_store(options(), redis_url)
-    assert isinstance(shared, sc.SealedContextStore) and isinstance(shared.revocations, sc.RedisRevocations)
+    memory = context_store.make_store(options(store="memory", max_contexts=7))
+    assert isinstance(memory, context_store.MemoryContextStore) and memory.max_contexts == 7
+    default = context_store.make_store(options())
+    assert isinstance(default, context_store.SealedContextStore) and isinstance(
+        default.revocations, context_store.MemoryRevocations
+    )
+    shared = context_store.make_store(options(), redis_url)
+    assert isinstance(shared, context_store.SealedContextStore) and isinstance(
+        shared.revocations, context_store.RedisRevocations
+    )
     shared.revocations.close()
     # The URL given (e.g. WSGATE_REDIS_URL) serves a policy that names none ...
-    given = sc.make_store(options(store="redis", lifetime_s=5), redis_url)
-    assert isinstance(given, sc.RedisContextStore) and given.lifetime_s == 5
+    given = context_store.make_store(options(store="redis", lifetime_s=5), redis_url)
+    assert isinstance(given, context_store.RedisContextStore) and given.lifetime_s == 5
     given.issue(SECRET, SUBJECT, V, NOW)
     given.close()
     # ... but a policy's own redis_url wins.
     dead = f"redis://127.0.0.1:{free_ports(1)[0]}/0"
-    own = sc.make_store(options(store="redis", redis_url=dead), redis_url)
-    assert isinstance(own, sc.RedisContextStore)
+    own = context_store.make_store(options(store="redis", redis_url=dead), redis_url)
+    assert isinstance(own, context_store.RedisContextStore)
     with pytest.raises(faults.Fault, check=lambda f: not f.sender):
         own.issue(SECRET, SUBJECT, V, NOW)
     own.close()
@@ -1092,11 +1112,11 @@ def test_bad_master_keys_files(tmp_path: Path, doc: object) -> None:
     path = tmp_path / "keys.yaml"
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ValueError):
-        sc.load_master_keys(path)
+        context_store.load_master_keys(path)
 
 
 def test_demo_pki_master_keys_load(pki: Path) -> None:
-    (key,) = sc.load_master_keys(pki / "sct-master-keys.yaml")
+    (key,) = context_store.load_master_keys(pki / "sct-master-keys.yaml")
     assert key.id == "k1" and len(key.key) == 32
     assert "key=" not in repr(key)
 
