@@ -38,13 +38,17 @@ class Faults:
     def worker_kill(self) -> str:
         with self.lock:
             i = self.rng.randrange(len(self.gw.workers))
-            os.kill(self.gw.workers[i].pid, signal.SIGKILL)
+            killed = self.gw.workers[i]
+            os.kill(killed.pid, signal.SIGKILL)
+        _until_replaced(lambda: self.gw.workers[i], killed)
         return f"SIGKILL filter worker {i}"
 
     def redis_kill(self) -> str:
         with self.lock:
-            assert self.gw.redis is not None, "the soak runs with the supervisor's Redis"
-            os.kill(self.gw.redis.pid, signal.SIGKILL)
+            killed = self.gw.redis
+            assert killed is not None, "the soak runs with the supervisor's Redis"
+            os.kill(killed.pid, signal.SIGKILL)
+        _until_replaced(lambda: self.gw.redis, killed)
         return "SIGKILL redis-server"
 
     def reload(self) -> str:
@@ -81,6 +85,14 @@ class Faults:
             i = self.rng.randrange(len(self.gw.workers))
             self.gw._recycle_worker(i)
         return f"filter worker {i} replaced (Envoy's endpoints moved)"
+
+
+def _until_replaced(current: Callable[[], object], killed: object, timeout: float = 60) -> None:
+    """Wait until the supervisor has replaced a killed process (it does so once the new one is ready): the
+    outage until then is the fault's, however long a slow machine takes, and its refusals are documented."""
+    deadline = time.monotonic() + timeout
+    while current() is killed and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 KINDS: dict[str, Callable[[Faults], str]] = {

@@ -9,7 +9,8 @@ moments, seeded (`--seed`, printed): loadtest/faults.py.
 Every request is counted once, per second and in total:
 
     ok         answered, verified, and the backend's answer to what was sent
-    refused    a documented refusal while a fault settles (until SETTLE_S after it): 503 (the backend or the
+    refused    a documented refusal while a fault settles (from its strike until SETTLE_S after it is over; a
+               killed process is over once the supervisor replaced it): 503 (the backend or the
                worker down, a worker restarting), or a SOAP fault the fault explains (the replay store unavailable: 500 Server; a message signed before
                the store's replay epoch: MessageExpired; a context issued before it: BadContextToken)
     lost       a connection reset, a timeout, any other status or fault
