@@ -12,6 +12,15 @@ EXC_C14N = "http://www.w3.org/2001/10/xml-exc-c14n#"
 WSA = "http://www.w3.org/2005/08/addressing"
 WSA_2004 = "http://schemas.xmlsoap.org/ws/2004/08/addressing"  # the member submission, still widely sent
 ADDRESSING = (WSA, WSA_2004)
+# Service descriptions: WSDL 1.1 and its SOAP bindings, XML Schema, WS-Policy, WS-SecurityPolicy.
+WSDL = "http://schemas.xmlsoap.org/wsdl/"
+WSDL_SOAP11 = "http://schemas.xmlsoap.org/wsdl/soap/"
+WSDL_SOAP12 = "http://schemas.xmlsoap.org/wsdl/soap12/"
+XSD = "http://www.w3.org/2001/XMLSchema"
+WSP = "http://www.w3.org/ns/ws-policy"  # WS-Policy 1.5
+WSP_2004 = "http://schemas.xmlsoap.org/ws/2004/09/policy"  # WS-Policy 1.2
+SP11 = "http://schemas.xmlsoap.org/ws/2005/07/securitypolicy"
+SP12 = "http://docs.oasis-open.org/ws-sx/ws-securitypolicy/200702"
 
 # Token profile URIs.
 X509V3 = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-x509-token-profile-1.0#X509v3"

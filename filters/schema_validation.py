@@ -21,13 +21,14 @@ from filters.wsdl import copy_with_references
 from gateway.policy import Route
 
 ROOT_NS = "urn:wsgate:schema-validation"
+_XS = f"{{{ns.XSD}}}"
 _WSSE_ATTRIBUTES = etree.XPath(
     "descendant-or-self::*/@*[namespace-uri()=$wsu or namespace-uri()=$wsse or namespace-uri()=$wsse11]"
 )
 _RPC = etree.XPath(
     "//soap:binding[@style='rpc'] | //soap:operation[@style='rpc'] | //soap12:binding[@style='rpc']"
     " | //soap12:operation[@style='rpc'] | //soap:body[@use='encoded'] | //soap12:body[@use='encoded']",
-    namespaces={"soap": "http://schemas.xmlsoap.org/wsdl/soap/", "soap12": "http://schemas.xmlsoap.org/wsdl/soap12/"},
+    namespaces={"soap": ns.WSDL_SOAP11, "soap12": ns.WSDL_SOAP12},
 )
 # libxml2's messages quote the offending value: it may be decrypted content, which never goes to the log.
 _QUOTED = re.compile(r"(\w+ )?'[^']*'")
@@ -56,7 +57,7 @@ class PayloadSchema:
                 self._add(doc, keys, keys[i], sources)
                 for ref in doc.references:  # an XSD reached by wsdl:import: no schema imports it by itself
                     target = docs.documents[ref.target]
-                    if ref.element.tag == f"{{{wsdl.WSDL}}}import" and target.kind == "xsd":
+                    if ref.element.tag == f"{{{ns.WSDL}}}import" and target.kind == "xsd":
                         sources.append(_Source(target.root.get("targetNamespace"), keys[ref.target]))
             if docs is not wsdl_set:  # a named XSD file
                 sources.append(_Source(docs.root.root.get("targetNamespace"), keys[0]))
@@ -70,8 +71,8 @@ class PayloadSchema:
         if doc.kind == "xsd":
             self.documents[key] = etree.tostring(root)
             return
-        types = root.find(f"{{{wsdl.WSDL}}}types")
-        for n, schema in enumerate(types.iterfind(f"{{{wsdl.XSD}}}schema") if types is not None else ()):
+        types = root.find(f"{{{ns.WSDL}}}types")
+        for n, schema in enumerate(types.iterfind(f"{{{ns.XSD}}}schema") if types is not None else ()):
             inline = f"{key}/types/{n}"
             self.documents[inline] = etree.tostring(_standalone(schema))
             sources.append(_Source(schema.get("targetNamespace"), inline))
@@ -81,18 +82,23 @@ class PayloadSchema:
         for src in sources:
             if src.key not in by_ns[src.namespace]:
                 by_ns[src.namespace].append(src.key)
-        imports = []
+        root = etree.Element(_XS + "schema", targetNamespace=ROOT_NS, nsmap={"xs": ns.XSD})
         for n, (namespace, keys) in enumerate(by_ns.items()):
             location = keys[0]
             if len(keys) > 1:  # libxml2 imports a namespace once: one schema that includes them all
                 location = f"wsgate-ns:{n}"
-                target = f' targetNamespace="{_attr(namespace)}"' if namespace else ""
-                includes = "".join(f'<xs:include schemaLocation="{_attr(k)}"/>' for k in keys)
-                self.documents[location] = f'<xs:schema xmlns:xs="{wsdl.XSD}"{target}>{includes}</xs:schema>'.encode()
-            named = f' namespace="{_attr(namespace)}"' if namespace else ""
-            imports.append(f'<xs:import{named} schemaLocation="{_attr(location)}"/>')
-        root = f'<xs:schema xmlns:xs="{wsdl.XSD}" targetNamespace="{ROOT_NS}">{"".join(imports)}</xs:schema>'
-        doc = etree.fromstring(root.encode(), xmlsupport.memory_parser(self.documents), base_url="wsgate-root:")
+                wrapper = etree.Element(_XS + "schema", nsmap={"xs": ns.XSD})
+                if namespace:
+                    wrapper.set("targetNamespace", namespace)
+                for k in keys:
+                    etree.SubElement(wrapper, _XS + "include", schemaLocation=k)
+                self.documents[location] = etree.tostring(wrapper)
+            imported = etree.SubElement(root, _XS + "import", schemaLocation=location)
+            if namespace:
+                imported.set("namespace", namespace)
+        # Parsed again by the parser that answers our documents: libxml2 resolves the imports through it.
+        parser = xmlsupport.memory_parser(self.documents)
+        doc = etree.fromstring(etree.tostring(root), parser, base_url="wsgate-root:")
         try:
             return etree.XMLSchema(doc)
         except etree.XMLSchemaParseError as exc:
@@ -142,7 +148,3 @@ def _without_wsse_attributes(payload: etree._Element) -> etree._Element:
     for value in _WSSE_ATTRIBUTES(copy, wsu=ns.WSU, wsse=ns.WSSE, wsse11=ns.WSSE11):
         del value.getparent().attrib[value.attrname]
     return copy
-
-
-def _attr(value: str) -> str:
-    return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")

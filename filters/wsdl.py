@@ -20,9 +20,8 @@ from urllib.parse import unquote, urlsplit
 from lxml import etree
 
 from filters import xmlsupport
+from filters.ns import WSDL, XSD
 
-WSDL = "http://schemas.xmlsoap.org/wsdl/"
-XSD = "http://www.w3.org/2001/XMLSchema"
 MAX_DOCUMENTS = 64
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 
@@ -96,13 +95,13 @@ def load(path: str | Path) -> DocumentSet:
         doc = documents[done]
         for el in _FIND_REFERENCES(doc.root):
             attribute = _REFERENCES[el.tag]
-            target = _local(el.get(attribute), doc.path, base)
+            target = local_file(el.get(attribute), doc.path, base)
             doc.references.append(Reference(el, attribute, add(target)))
         done += 1
     return DocumentSet(documents)
 
 
-def _local(location: str, referrer: Path, base: Path) -> Path:
+def local_file(location: str, referrer: Path, base: Path) -> Path:
     """The file a reference names, if it is a relative path inside `base`; else DocumentError."""
     where = f"{referrer}: reference {location[:200]!r}"
     parts = urlsplit(location)
@@ -125,16 +124,24 @@ def _parse(path: Path) -> etree._Element:
         raise DocumentError(f"{path}: {exc.strerror or exc}") from None
     if len(data) > MAX_DOCUMENT_BYTES:
         raise DocumentError(f"{path}: larger than {MAX_DOCUMENT_BYTES} bytes")
+    return parse(data, str(path))
+
+
+def parse(data: bytes, where: str) -> etree._Element:
+    """A WSDL 1.1 or XSD document's root, parsed like a message: no DTD, no entities, no load of its own."""
+    # A DTD could declare entities (billion laughs, XXE): a WSDL or schema never needs one. Refused on the bytes
+    # (UTF-8 or UTF-16) before libxml2 sees them, and again on what it parsed.
+    if b"<!DOCTYPE" in data or b"<!ENTITY" in data or b"<\x00!\x00D\x00O\x00C" in data:
+        raise DocumentError(f"{where}: has a DOCTYPE or an entity declaration (entities and DTDs are refused)")
     try:
-        tree = etree.fromstring(data, _PARSER, base_url=path.as_uri()).getroottree()
+        tree = etree.fromstring(data, _PARSER).getroottree()
     except (etree.XMLSyntaxError, xmlsupport.ExternalResourceRefused) as exc:
-        raise DocumentError(f"{path}: not well-formed or loads an external resource: {exc}") from None
-    # A DTD could declare entities (billion laughs, XXE): a WSDL or schema never needs one.
+        raise DocumentError(f"{where}: not well-formed or loads an external resource: {exc}") from None
     if tree.docinfo.internalDTD is not None or tree.docinfo.doctype:
-        raise DocumentError(f"{path}: has a DOCTYPE (entities and DTDs are refused)")
+        raise DocumentError(f"{where}: has a DOCTYPE (entities and DTDs are refused)")
     root = tree.getroot()
     if root.tag not in (f"{{{WSDL}}}definitions", f"{{{XSD}}}schema"):
-        raise DocumentError(f"{path}: neither a WSDL 1.1 definitions nor an XML Schema document ({root.tag})")
+        raise DocumentError(f"{where}: neither a WSDL 1.1 definitions nor an XML Schema document ({root.tag})")
     return root
 
 

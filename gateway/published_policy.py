@@ -15,16 +15,11 @@ from __future__ import annotations
 
 from lxml import etree
 
-from filters.wsdl import WSDL
+from filters import ns
 from gateway.policy import Route
 
-WSP = "http://www.w3.org/ns/ws-policy"
-WSP_2004 = "http://schemas.xmlsoap.org/ws/2004/09/policy"
-SP = "http://docs.oasis-open.org/ws-sx/ws-securitypolicy/200702"
-WSU = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-wssecurity-utility-1.0.xsd"
-WSA = "http://www.w3.org/2005/08/addressing"
-SOAP_BINDINGS = ("{http://schemas.xmlsoap.org/wsdl/soap/}binding", "{http://schemas.xmlsoap.org/wsdl/soap12/}binding")
-_INCLUDE = f"{SP}/IncludeToken/"
+SOAP_BINDINGS = (ns.q(ns.WSDL_SOAP11, "binding"), ns.q(ns.WSDL_SOAP12, "binding"))
+_INCLUDE = f"{ns.SP12}/IncludeToken/"
 _REPLACED = ("hmac", "rsa", "secureconversation")
 
 
@@ -34,36 +29,40 @@ def rewrite(definitions: etree._Element, route: Route) -> None:
         _strip(definitions)
     elif route.profile != "tls" or _has_policy(definitions):
         return
-    bindings = [b for b in definitions.iterfind(f"{{{WSDL}}}binding") if _soap_binding(b)]
+    bindings = [b for b in definitions.iterfind(f"{{{ns.WSDL}}}binding") if _soap_binding(b)]
     if not bindings:
         return
     policy_id = f"WSGate-{route.name}"
-    policy = etree.Element(f"{{{WSP}}}Policy", {f"{{{WSU}}}Id": policy_id}, nsmap={"wsp": WSP, "sp": SP, "wsu": WSU})
+    policy = etree.Element(
+        f"{{{ns.WSP}}}Policy", {f"{{{ns.WSU}}}Id": policy_id}, nsmap={"wsp": ns.WSP, "sp": ns.SP12, "wsu": ns.WSU}
+    )
     policy.append(_element("wsp:ExactlyOne", {}, [_all(route)]))
     etree.cleanup_namespaces(policy)
-    documentation = definitions.find(f"{{{WSDL}}}documentation")
+    documentation = definitions.find(f"{{{ns.WSDL}}}documentation")
     definitions.insert(0 if documentation is None else definitions.index(documentation) + 1, policy)
     for binding in bindings:
-        doc = binding.find(f"{{{WSDL}}}documentation")
+        doc = binding.find(f"{{{ns.WSDL}}}documentation")
         binding.insert(
             0 if doc is None else binding.index(doc) + 1, _element("wsp:PolicyReference", {"URI": f"#{policy_id}"})
         )
 
 
 def _has_policy(root: etree._Element) -> bool:
-    return any(el.tag.startswith((f"{{{WSP}}}", f"{{{WSP_2004}}}")) for el in root.iter() if isinstance(el.tag, str))
+    return any(
+        el.tag.startswith((f"{{{ns.WSP}}}", f"{{{ns.WSP_2004}}}")) for el in root.iter() if isinstance(el.tag, str)
+    )
 
 
 def _strip(root: etree._Element) -> None:
     """Every WS-Policy element and PolicyURIs attribute, both WS-Policy versions."""
     for el in [
-        e for e in root.iter() if isinstance(e.tag, str) and e.tag.startswith((f"{{{WSP}}}", f"{{{WSP_2004}}}"))
+        e for e in root.iter() if isinstance(e.tag, str) and e.tag.startswith((f"{{{ns.WSP}}}", f"{{{ns.WSP_2004}}}"))
     ]:
         parent = el.getparent()
         if parent is not None:
             parent.remove(el)
     for el in root.iter():
-        for name in [a for a in el.attrib if a in (f"{{{WSP}}}PolicyURIs", f"{{{WSP_2004}}}PolicyURIs")]:
+        for name in [a for a in el.attrib if a in (f"{{{ns.WSP}}}PolicyURIs", f"{{{ns.WSP_2004}}}PolicyURIs")]:
             del el.attrib[name]
 
 
@@ -95,13 +94,13 @@ def _binding(route: Route) -> etree._Element:
     if route.profile == "hmac":
         return _nested("sp:SymmetricBinding", [_nested("sp:ProtectionToken", [_x509("Never")]), *common])
     bootstrap = _nested("sp:BootstrapPolicy", [_binding(route.model_copy(update={"profile": "rsa"})), _wss(route)])
-    sct = _element("sp:SecureConversationToken", {f"{{{SP}}}IncludeToken": _INCLUDE + "AlwaysToRecipient"},
+    sct = _element("sp:SecureConversationToken", {f"{{{ns.SP12}}}IncludeToken": _INCLUDE + "AlwaysToRecipient"},
                    [_element("wsp:Policy", {}, [bootstrap])])  # fmt: skip
     return _nested("sp:SymmetricBinding", [_nested("sp:ProtectionToken", [sct]), *common])
 
 
 def _x509(include: str) -> etree._Element:
-    token = _element("sp:X509Token", {f"{{{SP}}}IncludeToken": _INCLUDE + include},
+    token = _element("sp:X509Token", {f"{{{ns.SP12}}}IncludeToken": _INCLUDE + include},
                      [_element("wsp:Policy", {}, [_element("sp:WssX509V3Token10")])])  # fmt: skip
     return token
 
@@ -126,7 +125,7 @@ def _wss(route: Route) -> etree._Element:
 def _protected_parts(route: Route) -> list[etree._Element]:
     signed = [_element("sp:Body")]
     if "addressing" in route.signature.parts:
-        signed.append(_element("sp:Header", {"Namespace": WSA}))
+        signed.append(_element("sp:Header", {"Namespace": ns.WSA}))
     parts = [_element("sp:SignedParts", {}, signed)]
     if route.encryption.require_request:
         parts.append(_element("sp:EncryptedParts", {}, [_element("sp:Body")]))
@@ -137,7 +136,7 @@ def _supporting(route: Route) -> list[etree._Element]:
     ut = route.username_token
     if not (route.accepts_username_tokens and ut.required):
         return []
-    token = _element("sp:UsernameToken", {f"{{{SP}}}IncludeToken": _INCLUDE + "AlwaysToRecipient"},
+    token = _element("sp:UsernameToken", {f"{{{ns.SP12}}}IncludeToken": _INCLUDE + "AlwaysToRecipient"},
                      [_element("wsp:Policy", {}, [_element("sp:WssUsernameToken10")])])  # fmt: skip
     kind = "sp:SignedEncryptedSupportingTokens" if ut.protection == "encrypted" else "sp:SignedSupportingTokens"
     if "username_token" not in route.signature.parts:
@@ -145,7 +144,7 @@ def _supporting(route: Route) -> list[etree._Element]:
     return [_nested(kind, [token])]
 
 
-_NS = {"wsp": WSP, "sp": SP}
+_NS = {"wsp": ns.WSP, "sp": ns.SP12}
 
 
 def _element(

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 
 from lxml import etree
 
+from filters import ns
+
 if TYPE_CHECKING:
     from gateway.wsdl_import import Definitions
 
-SP11 = "http://schemas.xmlsoap.org/ws/2005/07/securitypolicy"
-SP12 = "http://docs.oasis-open.org/ws-sx/ws-securitypolicy/200702"
-SP = (SP11, SP12)
-ADDRESSING = ("http://www.w3.org/2005/08/addressing", "http://schemas.xmlsoap.org/ws/2004/08/addressing")
+SP = (ns.SP11, ns.SP12)
 # Assertions about WS-Addressing use, not security: the gateway passes addressing headers as they are.
 ADDRESSING_POLICY = {
     ("http://www.w3.org/2006/05/addressing/wsdl", "UsingAddressing"),
@@ -178,7 +177,7 @@ def _x509(st: _State, holder: etree._Element, role: str) -> bool:
     for token in st.defs.nested(holder, st.notes):
         if _sp(token) == "X509Token":
             if role == "InitiatorToken" and (
-                token.get(f"{{{SP12}}}IncludeToken") or token.get(f"{{{SP11}}}IncludeToken") or ""
+                token.get(f"{{{ns.SP12}}}IncludeToken") or token.get(f"{{{ns.SP11}}}IncludeToken") or ""
             ).endswith("/Never"):
                 st.notes.append("the client's certificate is referenced, not sent: list it in rsa.known_certificates")
             return True
@@ -263,7 +262,7 @@ def _signed_parts(st: _State, el: etree._Element) -> None:
         name = _sp(part)
         if name == "Body":
             continue
-        if name == "Header" and part.get("Namespace") in ADDRESSING and part.get("Name"):
+        if name == "Header" and part.get("Namespace") in ns.ADDRESSING and part.get("Name"):
             if "addressing" not in st.parts:
                 st.parts.append("addressing")
         elif name == "Header":

@@ -18,15 +18,10 @@ from urllib.parse import urlsplit
 import yaml
 from lxml import etree
 
-from filters import wsdl
-from filters.xmlsupport import ExternalResourceRefused, parser
-from gateway.security_policy import PROFILE_STRENGTH, Mapped, map_policy
+from filters import ns, wsdl
+from gateway.security_policy import PROFILE_STRENGTH, UNRESOLVED, Mapped, map_policy
 
-WSDL = "http://schemas.xmlsoap.org/wsdl/"
-SOAP11_BINDING = "http://schemas.xmlsoap.org/wsdl/soap/"
-SOAP12_BINDING = "http://schemas.xmlsoap.org/wsdl/soap12/"
-WSP = ("http://schemas.xmlsoap.org/ws/2004/09/policy", "http://www.w3.org/ns/ws-policy")  # 1.2, 1.5
-WSU = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-wssecurity-utility-1.0.xsd"
+WSP = (ns.WSP_2004, ns.WSP)  # 1.2, 1.5
 XML_ID = "{http://www.w3.org/XML/1998/namespace}id"
 
 MAX_BYTES = 8 * 1024 * 1024  # a WSDL with its policies; the largest real ones (WCF interop) are ~300 KB
@@ -40,32 +35,21 @@ class WsdlImportError(Exception):
     """The WSDL cannot be imported: unreadable, hostile, or without a SOAP port. The message says why."""
 
 
-def _q(namespace: str, local: str) -> str:
-    return f"{{{namespace}}}{local}"
-
-
 def _is_wsp(el: etree._Element, local: str) -> bool:
     return isinstance(el.tag, str) and etree.QName(el).localname == local and etree.QName(el).namespace in WSP
 
 
 def parse_document(data: bytes, where: str) -> etree._Element:
-    """The WSDL's root, parsed like a message: no DTD, no entities, no network, bounded."""
+    """The WSDL's root, read as the gateway reads a route's WSDL (filters/wsdl.py), within the import's bounds."""
     if len(data) > MAX_BYTES:
         raise WsdlImportError(f"{where}: {len(data)} bytes, more than the {MAX_BYTES} a WSDL may have")
-    if b"<!DOCTYPE" in data or b"<!ENTITY" in data or b"<\x00!\x00D\x00O\x00C" in data:
-        raise WsdlImportError(f"{where}: a DOCTYPE or entity declaration: refused (WSDLs need none)")
     try:
-        root = etree.fromstring(data, parser(collect_ids=False))
-    except ExternalResourceRefused as exc:
-        raise WsdlImportError(f"{where}: refused to load {exc}") from None
-    except etree.XMLSyntaxError as exc:
-        raise WsdlImportError(f"{where}: not well-formed XML: {exc}") from None
-    tree = root.getroottree()
-    if tree.docinfo.doctype or tree.docinfo.internalDTD is not None:
-        raise WsdlImportError(f"{where}: a DOCTYPE: refused (WSDLs need none)")
+        root = wsdl.parse(data, where)
+    except wsdl.DocumentError as exc:
+        raise WsdlImportError(str(exc)) from None
     if sum(1 for _ in root.iter()) > MAX_ELEMENTS:
         raise WsdlImportError(f"{where}: more than {MAX_ELEMENTS} elements")
-    if root.tag != _q(WSDL, "definitions"):
+    if root.tag != ns.q(ns.WSDL, "definitions"):
         raise WsdlImportError(f"{where}: not a WSDL 1.1 document (root {root.tag})")
     return root
 
@@ -101,9 +85,9 @@ class Definitions:
         self._index(root)
 
     def _index(self, root: etree._Element) -> None:
-        for tag in (_q(ns, "Policy") for ns in WSP):
+        for tag in (ns.q(wsp, "Policy") for wsp in WSP):
             for pol in root.iter(tag):
-                for key in (pol.get(_q(WSU, "Id")), pol.get(XML_ID), pol.get("Id")):
+                for key in (pol.get(ns.q(ns.WSU, "Id")), pol.get(XML_ID), pol.get("Id")):
                     if key:
                         self.policies.setdefault("#" + key, pol)
                 if pol.get("Name"):
@@ -114,15 +98,18 @@ class Definitions:
         if self._imports_read:
             return
         self._imports_read = True
-        base = self._path.parent.resolve() if self._path else None
-        pending = [(self.docs[0][0], base)]
+        if self._path is None:
+            return
+        base = self._path.parent.resolve()
+        pending = [(self.docs[0][0], self._path.resolve())]
         seen: set[Path] = set()
         while pending:
-            root, here = pending.pop()
-            for imp in root.iter(_q(WSDL, "import")):
+            root, referrer = pending.pop()
+            for imp in root.iter(ns.q(ns.WSDL, "import")):
                 location = imp.get("location") or ""
-                target = _local_import(location, here, base)
-                if target is None:
+                try:  # the gateway's own rule for a route's WSDL (filters/wsdl.py)
+                    target = wsdl.local_file(location, referrer, base)
+                except wsdl.DocumentError:
                     self.notes.append(f"wsdl:import {location!r} not followed (only files beside the WSDL are read)")
                     continue
                 if target in seen:
@@ -136,7 +123,7 @@ class Definitions:
                 child = parse_document(target.read_bytes(), str(target))
                 self.docs.append((child, str(target)))
                 self._index(child)
-                pending.append((child, target.parent))
+                pending.append((child, target))
 
     def find(self, local: str, qname: str, root_el: etree._Element) -> etree._Element | None:
         """A top-level wsdl:<local> named by a QName attribute value, in this document or a local import."""
@@ -149,7 +136,7 @@ class Definitions:
             for root, _ in self.docs:
                 if namespace and root.get("targetNamespace") != namespace:
                     continue
-                for el in root.iterchildren(_q(WSDL, local)):
+                for el in root.iterchildren(ns.q(ns.WSDL, local)):
                     if el.get("name") == name:
                         return el
         return None
@@ -162,18 +149,18 @@ class Definitions:
     def ports(self) -> list[Port]:
         out = []
         for root, _ in list(self.docs[:1]):
-            for service in root.iterchildren(_q(WSDL, "service")):
-                for port in service.iterchildren(_q(WSDL, "port")):
+            for service in root.iterchildren(ns.q(ns.WSDL, "service")):
+                for port in service.iterchildren(ns.q(ns.WSDL, "port")):
                     got = self._port(service, port)
                     if got:
                         out.append(got)
         return out
 
     def _port(self, service: etree._Element, port: etree._Element) -> Port | None:
-        address = port.find(_q(SOAP11_BINDING, "address"))
+        address = port.find(ns.q(ns.WSDL_SOAP11, "address"))
         version = "1.1"
         if address is None:
-            address, version = port.find(_q(SOAP12_BINDING, "address")), "1.2"
+            address, version = port.find(ns.q(ns.WSDL_SOAP12, "address")), "1.2"
         if address is None:
             return None  # an HTTP or other non-SOAP port: nothing for the gateway
         binding = self.find("binding", port.get("binding", ""), port)
@@ -181,15 +168,15 @@ class Definitions:
             raise WsdlImportError(
                 f"port {port.get('name')}: binding {port.get('binding')} is not in the WSDL or a local import"
             )
-        soap_ns = SOAP12_BINDING if version == "1.2" else SOAP11_BINDING
+        soap_ns = ns.WSDL_SOAP12 if version == "1.2" else ns.WSDL_SOAP11
         endpoint = [*self._attached(service), *self._attached(port), *self._attached(binding)]
         operations = []
-        for op in binding.iterchildren(_q(WSDL, "operation")):
-            soap_op = op.find(_q(soap_ns, "operation"))
+        for op in binding.iterchildren(ns.q(ns.WSDL, "operation")):
+            soap_op = op.find(ns.q(soap_ns, "operation"))
             action = (soap_op.get("soapAction") if soap_op is not None else None) or ""
             on_op = [*endpoint, *self._attached(op)]
-            request = [*on_op, *self._attached(op.find(_q(WSDL, "input")))]
-            response = [*on_op, *self._attached(op.find(_q(WSDL, "output")))]
+            request = [*on_op, *self._attached(op.find(ns.q(ns.WSDL, "input")))]
+            response = [*on_op, *self._attached(op.find(ns.q(ns.WSDL, "output")))]
             operations.append(Operation(op.get("name", ""), action.strip(), self._alts(request), self._alts(response)))
         return Port(
             service=service.get("name", ""),
@@ -205,9 +192,9 @@ class Definitions:
         if el is None:
             return []
         found = [c for c in el if _is_wsp(c, "Policy") or _is_wsp(c, "PolicyReference")]
-        for ns in WSP:
-            for uri in (el.get(_q(ns, "PolicyURIs")) or "").split():
-                ref = etree.Element(_q(ns, "PolicyReference"), URI=uri)
+        for wsp in WSP:
+            for uri in (el.get(ns.q(wsp, "PolicyURIs")) or "").split():
+                ref = etree.Element(ns.q(wsp, "PolicyReference"), URI=uri)
                 found.append(ref)
         return found
 
@@ -249,7 +236,7 @@ class Definitions:
                 where = "not fetched" if not uri.startswith("#") else "not found"
                 return [[_unresolved(uri, where)]]
             return self._normal(target, depth + 1, (*refs, uri))
-        optional = any(el.get(_q(ns, "Optional")) in ("true", "1") for ns in WSP)
+        optional = any(el.get(ns.q(wsp, "Optional")) in ("true", "1") for wsp in WSP)
         # Optional: the alternative with the assertion first, as the gateway prefers to enforce it.
         return [[el], []] if optional else [[el]]
 
@@ -272,20 +259,9 @@ def _local(el: etree._Element) -> str:
     return etree.QName(el).localname
 
 
-UNRESOLVED = "{urn:wsgate:import}UnresolvedPolicyReference"
-
-
 def _unresolved(uri: str, why: str) -> etree._Element:
     """A placeholder assertion for a reference not followed: the mapping names it as unmapped."""
     return etree.Element(UNRESOLVED, URI=uri, why=why)
-
-
-def _local_import(location: str, here: Path | None, base: Path | None) -> Path | None:
-    """The local file a wsdl:import names, if it is a relative path inside the WSDL's directory; else None."""
-    if here is None or base is None or not location or urlsplit(location).scheme or location.startswith("/"):
-        return None
-    target = (here / location).resolve()
-    return target if target.is_relative_to(base) else None
 
 
 @dataclass

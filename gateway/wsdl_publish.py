@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from filters import wsdl
+from filters import ns, wsdl
 from gateway import published_policy
 from gateway.policy import Edge, Route
 
-ADDRESSES = ("{http://schemas.xmlsoap.org/wsdl/soap/}address", "{http://schemas.xmlsoap.org/wsdl/soap12/}address")
+ADDRESSES = (ns.q(ns.WSDL_SOAP11, "address"), ns.q(ns.WSDL_SOAP12, "address"))
 CONTENT_TYPE = "text/xml; charset=utf-8"
 
 

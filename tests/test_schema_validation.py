@@ -199,7 +199,7 @@ def test_schema_refusal_counted_as_schema_and_timed_as_a_stage(pki: Path) -> Non
 
 
 def _evil_schema(_: bytes) -> tuple[str, bytes]:
-    return "application/xml", f'<xs:schema xmlns:xs="{wsdl.XSD}" targetNamespace="urn:evil"/>'.encode()
+    return "application/xml", f'<xs:schema xmlns:xs="{ns.XSD}" targetNamespace="urn:evil"/>'.encode()
 
 
 @pytest.fixture
@@ -211,7 +211,7 @@ def listener() -> Iterator[LoopbackHttp]:
 
 
 def xsd(body: str = "", doctype: str = "") -> str:
-    return f'{doctype}<xs:schema xmlns:xs="{wsdl.XSD}" targetNamespace="urn:t">{body}</xs:schema>'
+    return f'{doctype}<xs:schema xmlns:xs="{ns.XSD}" targetNamespace="urn:t">{body}</xs:schema>'
 
 
 def policy_with_xsd(tmp: Path, text: str) -> Path:
@@ -253,7 +253,7 @@ def test_schema_references_to_the_network_or_outside_files_refused_at_policy_loa
 
 def test_wsdl_import_from_the_network_refused(tmp_path: Path, listener: LoopbackHttp) -> None:
     (tmp_path / "s.wsdl").write_text(
-        f'<wsdl:definitions xmlns:wsdl="{wsdl.WSDL}"><wsdl:import namespace="urn:e" location="{listener.url}/x.wsdl"/>'
+        f'<wsdl:definitions xmlns:wsdl="{ns.WSDL}"><wsdl:import namespace="urn:e" location="{listener.url}/x.wsdl"/>'
         "</wsdl:definitions>"
     )
     with pytest.raises(wsdl.DocumentError, match="not a relative file path"):

@@ -18,7 +18,7 @@ from zeep.plugins import HistoryPlugin
 from zeep.wsse.compose import Compose
 
 from filters import ns
-from gateway import envoy_config, published_policy, wsdl_publish
+from gateway import envoy_config, wsdl_publish
 from gateway.policy import Edge, PolicyError, Route, load_dir
 from tests.harness import fault_code, received, write_policies
 from tests.harness import running_gateway as running
@@ -132,17 +132,17 @@ def test_host_header_does_not_choose_the_published_address(gw: Any) -> None:
 
 def test_secured_route_publishes_the_gateways_asymmetric_binding(gw: Any) -> None:
     root = parsed(get(gw, "/echo-rsa/service?wsdl"))
-    policy = root.find(f"{{{published_policy.WSP}}}Policy")
+    policy = root.find(f"{{{ns.WSP}}}Policy")
     assert policy is not None
-    sp = published_policy.SP
+    sp = ns.SP12
     assert policy.find(f".//{{{sp}}}AsymmetricBinding//{{{sp}}}InitiatorToken//{{{sp}}}X509Token") is not None
     assert policy.find(f".//{{{sp}}}IncludeTimestamp") is not None
     assert policy.find(f".//{{{sp}}}SignedParts/{{{sp}}}Body") is not None
     policy_id = policy.get(f"{{{ns.WSU}}}Id")
-    refs = [b.find(f"{{{published_policy.WSP}}}PolicyReference") for b in root.iterfind(f"{{{WSDL_NS}}}binding")]
+    refs = [b.find(f"{{{ns.WSP}}}PolicyReference") for b in root.iterfind(f"{{{WSDL_NS}}}binding")]
     assert [r.get("URI") for r in refs] == [f"#{policy_id}"] * 2
     # The xml route passes messages as they are: its published WSDL states no policy of the gateway's.
-    assert parsed(get(gw, "/echo/service?wsdl")).find(f"{{{published_policy.WSP}}}Policy") is None
+    assert parsed(get(gw, "/echo/service?wsdl")).find(f"{{{ns.WSP}}}Policy") is None
 
 
 def test_backend_policy_replaced_on_secured_routes(tmp_path: Path, pki: Path) -> None:
@@ -152,12 +152,12 @@ def test_backend_policy_replaced_on_secured_routes(tmp_path: Path, pki: Path) ->
     wsdl_dir.mkdir()
     text = ECHO_WSDL.read_text()
     backend_policy = (
-        f'<wsp:Policy xmlns:wsp="{published_policy.WSP}" xmlns:wsu="{ns.WSU}" wsu:Id="BackendPolicy">'
-        f'<sp:TransportBinding xmlns:sp="{published_policy.SP}"/></wsp:Policy>'
+        f'<wsp:Policy xmlns:wsp="{ns.WSP}" xmlns:wsu="{ns.WSU}" wsu:Id="BackendPolicy">'
+        f'<sp:TransportBinding xmlns:sp="{ns.SP12}"/></wsp:Policy>'
     )
     text = text.replace('<wsdl:binding name="EchoBinding" type="d:EchoPortType">',
                         backend_policy + '<wsdl:binding name="EchoBinding" type="d:EchoPortType">'
-                        f'<wsp:PolicyReference xmlns:wsp="{published_policy.WSP}" URI="#BackendPolicy"/>')  # fmt: skip
+                        f'<wsp:PolicyReference xmlns:wsp="{ns.WSP}" URI="#BackendPolicy"/>')  # fmt: skip
     (wsdl_dir / "echo.wsdl").write_text(text)
     for f in ("echo-interface.wsdl", "types/echo-types.xsd"):
         (wsdl_dir / f).parent.mkdir(exist_ok=True)
