@@ -304,7 +304,7 @@ def _seconds(value: float) -> str:
 
 
 def _edge_settings(edge: Edge) -> dict[str, Any]:
-    """Paths, client headers and timeouts (README "Threat model"): the same on both listeners."""
+    """Paths, client headers and timeouts (docs/threat-model.md): the same on both listeners."""
     return {
         # Routes match the RFC 3986 normalized path with slashes merged, and the backend gets that same path.
         "normalize_path": True,

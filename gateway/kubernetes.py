@@ -4,7 +4,7 @@ manifests and a kustomization.yaml, so `kubectl apply -k DIR` runs it and an ope
 Rendered from the same policy model as the local and Compose configurations (Envoy's is the Compose one with the
 cluster's names), never templated from a second description of the policies. What Envoy and the filters read is
 in ConfigMaps named by a hash of their content: a changed policy is a new ConfigMap, so the Deployments roll, old
-pods keep their own config until they are gone, and each kind of pod drains before it stops (README
+pods keep their own config until they are gone, and each kind of pod drains before it stops (docs/operations.md
 "Kubernetes"). Keys are never in the output: kustomize's secretGenerator reads them from DIR/keys/, where the
 operator copies them."""
 

@@ -235,7 +235,7 @@ class ReplayPolicy(Strict):
 
 
 class Optimizations(Strict):
-    """Signature processing shortcuts (README "The papers' optimizations"; `python -m loadtest.optimizations`
+    """Signature processing shortcuts (docs/performance.md; `python -m loadtest.optimizations`
     measures each off and on). None decides acceptance: the SignatureValue is always checked over the message's
     own SignedInfo, and whatever the shortcuts cannot confirm goes to xmlsec's full verification.
 
@@ -272,7 +272,7 @@ class SecureConversationOptions(Strict):
 
 class WsdlPolicy(Strict):
     """The service's WSDL 1.1, a local file (its imports resolved from files in its directory only, never the
-    network: filters/wsdl.py). `publish`: served at the route's path with `?wsdl` (README "The published WSDL")."""
+    network: filters/wsdl.py). `publish`: served at the route's path with `?wsdl` (docs/interop.md)."""
 
     file: str
     publish: bool = False
@@ -387,7 +387,7 @@ class Edge(Strict):
     # every x-forwarded-* / forwarded header it sends is dropped, Envoy writes its own.
     xff_num_trusted_hops: int = Field(default=0, ge=0, le=10)
     # The gateway's URL as clients reach it (scheme, host, port; no path), written into published WSDLs. Never
-    # the request's Host header (the client chooses it). None: the listener's own address (README).
+    # the request's Host header (the client chooses it). None: the listener's own address (docs/interop.md).
     public_url: str | None = Field(default=None, pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 
 

@@ -6,7 +6,7 @@ route's own policy put in its place, referenced from every SOAP binding. `tls` a
 WSDL states no policy (the message itself reaches the backend as sent, so a policy it states still holds);
 `none` and `xml` publish the WSDL's policy as it is.
 
-Modest on purpose (README "The published WSDL"): the bindings, tokens, timestamp, signed and encrypted Body,
+Modest on purpose (docs/interop.md "The published WSDL"): the bindings, tokens, timestamp, signed and encrypted Body,
 supporting UsernameTokens and an algorithm suite. Left out: AES-GCM (no SP 1.2 suite names it: the suite named is
 the CBC one of the same key size and digest), pre-shared keys named by ds:KeyName (no SP token describes them),
 the accepted algorithm lists beyond the first, per-operation policies and response-side encryption assertions."""

@@ -54,7 +54,7 @@ def render(out: Path, *flags: str, policies: Path = REPO / "policies") -> dict[s
 
 
 def with_keys(out: Path, pki: Path) -> None:
-    """What the README tells the operator: copy the files keys/.gitignore lists from certs/out into keys/."""
+    """What docs/operations.md tells the operator: copy the files keys/.gitignore lists from certs/out into keys/."""
     wanted = (out / "keys" / ".gitignore").read_text().splitlines()[0].split(": ", 1)[1].split()
     for name in wanted:
         shutil.copy(pki / name, out / "keys" / name)

@@ -1,4 +1,4 @@
-"""Front an existing service from its WSDL, as the README session does it: `wsgate import` the service's WSDL
+"""Front an existing service from its WSDL, as docs/interop.md's session does it: `wsgate import` the service's WSDL
 (tests/wsdl/demo-asymmetric.wsdl: the demo echo service with a CXF-style X.509 AsymmetricBinding), `wsgate
 check` the result, start the gateway on it, and let zeep build its client from the gateway's `?wsdl` and make a
 signed call. What the backend receives is plain SOAP; what the WSDL's schema forbids never reaches it."""
