@@ -155,7 +155,7 @@ class EncryptionPolicy(Strict):
 
 
 class RevocationPolicy(Strict):
-    """Whether the signer's certificate and its intermediates are still in good standing (filters/revocation.py).
+    """Whether the signer's certificate and its intermediates are still in good standing (filters/stores/revocation.py).
 
     `crl`: CRL files (PEM or DER; reloaded when they change); `ocsp`: the responder in `ocsp_responder`, else the
     one in the certificate's Authority Information Access; `both`: either may revoke, one good answer suffices.
@@ -272,7 +272,7 @@ class SecureConversationOptions(Strict):
 
 class WsdlPolicy(Strict):
     """The service's WSDL 1.1, a local file (its imports resolved from files in its directory only, never the
-    network: filters/wsdl.py). `publish`: served at the route's path with `?wsdl` (README "The published WSDL")."""
+    network: filters/engine/xml/wsdl.py). `publish`: served at the route's path with `?wsdl` (README "The published WSDL")."""
 
     file: str
     publish: bool = False
@@ -280,7 +280,7 @@ class WsdlPolicy(Strict):
 
 class SchemaValidation(Strict):
     """Payloads (the Body's children) validated against the WSDL's types and `xsd_files`
-    (filters/schema_validation.py): requests after their security is processed, responses before they are
+    (filters/engine/xml/schema_validation.py): requests after their security is processed, responses before they are
     secured."""
 
     requests: bool = False
@@ -323,7 +323,7 @@ class Route(Strict):
 
     @property
     def detects_replays(self) -> bool:
-        """The WS-Security profiles remember signatures and nonces (filters/replay.py); `xml` has none."""
+        """The WS-Security profiles remember signatures and nonces (filters/engine/wss/replay.py); `xml` has none."""
         return self.touches_xml and self.profile != "xml"
 
     @property
@@ -534,7 +534,7 @@ def load_dir(directory: Path | str) -> PolicySet:
 def _document_errors(route: Route) -> list[str]:
     """The route's WSDL and XSDs read and its schema compiled, as the filter workers will: a reference to the
     network or outside the file's directory, a DTD, a schema that does not compile is a policy error."""
-    from filters import schema_validation, wsdl  # the engine's modules; they do not import policies back
+    from filters.engine.xml import schema_validation, wsdl  # the engine's modules; they do not import policies back
 
     if route.wsdl is None and not route.schema_validation.enabled:
         return []

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TextIO
 
 from certs import pki
-from filters.engine import Exchange, build_pipeline
-from filters.profiles import SecuredPipeline
-from filters.replay import MemoryReplayCache
+from filters.engine.engine import Exchange, build_pipeline
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss.replay import MemoryReplayCache
 from gateway.policy import PolicySet
 from loadtest.messages import PROFILES, SIZE_LABELS, SIZES, Factory
 from loadtest.optimizations import bench_policies, exchange

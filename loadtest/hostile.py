@@ -22,12 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
-from filters import faults
-from filters.engine import Exchange, RoutePipeline, build_pipeline
-from filters.replay import MemoryReplayCache
-from gateway import demo_backend
-from gateway.client import Client, ClientConfig
+from filters.engine import faults
+from filters.engine.engine import Exchange, RoutePipeline, build_pipeline
+from filters.engine.wss.replay import MemoryReplayCache
 from gateway.policy import Limits, Route
+from gateway.tools import demo_backend
+from gateway.tools.client import Client, ClientConfig
 
 DEMO = "urn:wsgate:demo"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"

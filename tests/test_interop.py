@@ -31,9 +31,9 @@ from cryptography.hazmat.primitives import serialization
 from lxml import etree
 
 from certs.pki import DEMO_USERS
-from filters import ns
-from filters.engine import Exchange
-from filters.profiles import SecuredPipeline
+from filters.engine.engine import Exchange
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.xml import ns
 from gateway.policy import Route
 from tests.harness import running_gateway
 from tests.wss_helpers import DEMO, client_for, echo, echo_response, make_route, route_doc

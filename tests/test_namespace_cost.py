@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from filters import c14n, faults
-from filters.engine import build_pipeline
-from filters.replay import MemoryReplayCache
-from gateway.client import Client, ClientConfig
+from filters.engine import faults
+from filters.engine.engine import build_pipeline
+from filters.engine.wss.replay import MemoryReplayCache
+from filters.engine.xml import c14n
+from gateway.tools.client import Client, ClientConfig
 from loadtest import hostile
 
 
@@ -87,7 +88,7 @@ def hmac_route(pki: Path):  # type: ignore[no-untyped-def]
 
 
 def _request(hmac_route, body: bytes) -> None:  # type: ignore[no-untyped-def]
-    from filters.engine import Exchange
+    from filters.engine.engine import Exchange
 
     pipeline, _ = hmac_route
     pipeline.request(body, {}, Exchange(route=pipeline.route))

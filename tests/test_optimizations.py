@@ -32,16 +32,18 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from lxml import etree
 from pydantic import ValidationError
 
-from filters import c14n, faults, keys, metrics, ns, signature, wssecurity
-from filters import wssecurity_sending as sending
-from filters.digest_cache import DigestCache
-from filters.engine import Exchange
-from filters.optimizations import Optimizations
-from filters.profiles import SecureConversationPipeline, SecuredPipeline
-from filters.soap import Envelope
-from filters.threat_protection import parse_envelope
-from gateway.client import Client, ClientConfig
+from filters.engine import faults, metrics
+from filters.engine.engine import Exchange
+from filters.engine.profiles import SecureConversationPipeline, SecuredPipeline
+from filters.engine.wss import keys, signature, wssecurity
+from filters.engine.wss import wssecurity_sending as sending
+from filters.engine.wss.digest_cache import DigestCache
+from filters.engine.wss.optimizations import Optimizations
+from filters.engine.xml import c14n, ns
+from filters.engine.xml.soap import Envelope
+from filters.engine.xml.threat_protection import parse_envelope
 from gateway.policy import Limits, Route, SignaturePolicy
+from gateway.tools.client import Client, ClientConfig
 from loadtest.optimizations import canonical_sender
 from tests.wss_helpers import DEMO, client_for, echo, echo_response, make_route, round_trip, route_doc
 

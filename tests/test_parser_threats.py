@@ -15,11 +15,13 @@ import requests
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
-from filters import c14n, charset, encryption, faults, ns, threat_protection, xmlsupport
-from filters.engine import Exchange, RoutePipeline, build_pipeline
-from gateway import demo_backend
-from gateway.client import Client, ClientConfig, ClientError
+from filters.engine import faults
+from filters.engine.engine import Exchange, RoutePipeline, build_pipeline
+from filters.engine.wss import encryption
+from filters.engine.xml import c14n, charset, ns, threat_protection, xmlsupport
 from gateway.policy import Limits, Route
+from gateway.tools import demo_backend
+from gateway.tools.client import Client, ClientConfig, ClientError
 from loadtest import messages
 from tests.fifo_probe import DECLARES_DTD, FifoProbe, encodings, fifo_probe, hostile_documents
 from tests.harness import running_gateway

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from filters import faults, replay
-from filters.replay import (
+from filters.engine import faults
+from filters.engine.wss import replay
+from filters.engine.wss.replay import (
     DeferredKey,
     DeferredRedisReplay,
     MemoryReplayCache,

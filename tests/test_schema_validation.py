@@ -13,8 +13,9 @@ import requests
 from lxml import etree
 from prometheus_client import REGISTRY
 
-from filters import faults, ns, schema_validation, wsdl
-from filters.engine import Exchange, build_pipeline
+from filters.engine import faults
+from filters.engine.engine import Exchange, build_pipeline
+from filters.engine.xml import ns, schema_validation, wsdl
 from gateway.policy import PolicyError, Route, load_dir
 from tests.harness import LoopbackHttp, content_type, envelope, received, running_gateway, write_policies
 from tests.wss_helpers import DEMO, client_for, echo, route_doc

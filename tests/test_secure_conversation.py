@@ -20,10 +20,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
-from filters import context_store, encryption, faults, keys, ns, replay, ws_trust
-from filters import secure_conversation as sc
-from filters.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
-from filters.threat_protection import parse_envelope
+from filters.engine import faults
+from filters.engine.conversation import secure_conversation as sc
+from filters.engine.conversation import ws_trust
+from filters.engine.conversation.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
+from filters.engine.wss import encryption, keys, replay
+from filters.engine.xml import ns
+from filters.engine.xml.threat_protection import parse_envelope
+from filters.stores import contexts as context_store
 from gateway.policy import Limits, SecureConversationOptions
 from tests.harness import free_ports
 
@@ -1124,10 +1128,10 @@ def test_demo_pki_master_keys_load(pki: Path) -> None:
 def test_pipeline_looks_a_context_up_once_per_message(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A message in a context carries two derived keys (signature, encryption) naming it: one lookup, which with
     # Redis is one round trip for the cancellation check.
-    from filters.engine import Exchange
-    from filters.profiles import SecureConversationPipeline
-    from gateway.client import Client, ClientConfig
+    from filters.engine.engine import Exchange
+    from filters.engine.profiles import SecureConversationPipeline
     from gateway.policy import Route
+    from gateway.tools.client import Client, ClientConfig
     from tests.wss_helpers import echo, echo_response, route_doc
 
     monkeypatch.delenv("WSGATE_REDIS_URL", raising=False)

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from filters import encryption, keys, ns, username_token, wssecurity
-from filters import wssecurity_sending as sending
-from filters.profiles import SecuredPipeline
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import encryption, keys, username_token, wssecurity
+from filters.engine.wss import wssecurity_sending as sending
+from filters.engine.xml import ns
 from gateway.policy import Route
 from tests.test_wssecurity import (
     ENCRYPTED_DATA,

@@ -29,15 +29,17 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters import encryption, faults, keys, ns, replay, signature, wssecurity
-from filters import wssecurity_sending as sending
-from filters.engine import Exchange, Outcome
-from filters.profiles import SecuredPipeline
-from filters.replay import MemoryReplayCache
-from filters.soap import Envelope
-from filters.threat_protection import parse_envelope
-from gateway.client import Client, ClientError, Pending
+from filters.engine import faults
+from filters.engine.engine import Exchange, Outcome
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import encryption, keys, replay, signature, wssecurity
+from filters.engine.wss import wssecurity_sending as sending
+from filters.engine.wss.replay import MemoryReplayCache
+from filters.engine.xml import ns
+from filters.engine.xml.soap import Envelope
+from filters.engine.xml.threat_protection import parse_envelope
 from gateway.policy import Limits, Route
+from gateway.tools.client import Client, ClientError, Pending
 from tests.wss_helpers import DEMO, client_for, echo, echo_response, make_route
 
 SOAP11, SOAP12 = ns.SOAP11, ns.SOAP12
@@ -1265,7 +1267,7 @@ def test_replay_window_covers_a_client_clock_that_runs_ahead(
         def now(cls, tz: Any = None) -> Any:
             return datetime.now(tz) + timedelta(seconds=601)
 
-    monkeypatch.setattr("filters.profiles.datetime", Later)
+    monkeypatch.setattr("filters.engine.profiles.datetime", Later)
     elapsed[0] = 601.0
     fault = refuse(pipeline, secured, "InvalidSecurity")
     assert fault.reason.startswith("replay")
