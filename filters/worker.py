@@ -24,9 +24,18 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 from filters.engine import faults, metrics
 from filters.engine.engine import Engine, Exchange, RoutePipeline, fault_soap_version
 from filters.engine.profiles import SecuredPipeline
-from filters.engine.wss.replay import EPOCH_KEY, DeferredKey, DeferredRedisReplay, before_epoch
+from filters.engine.wss.replay import DeferredKey, before_epoch
 from filters.engine.xml.xmlsupport import check_libxml2
-from gateway.policy import DEFAULT_BODY_BUDGET_MB, MAX_BODY_BYTES, PolicyError, check_body_budget, load_dir
+from filters.stores.factory import RouteStores
+from filters.stores.replay import EPOCH_KEY, DeferredRedisReplay
+from gateway.policy import (
+    DEFAULT_BODY_BUDGET_MB,
+    GRACE_SECONDS,
+    MAX_BODY_BYTES,
+    PolicyError,
+    check_body_budget,
+    load_dir,
+)
 
 log = logging.getLogger("wsgate.filter")
 
@@ -34,7 +43,6 @@ log = logging.getLogger("wsgate.filter")
 # it starts, and a reload that raises a route's limit must not fail its larger messages until a restart.
 # The body budget and Envoy's per-route buffers bound what actually arrives.
 MAX_MESSAGE_BYTES = MAX_BODY_BYTES + 64 * 1024
-GRACE_SECONDS = 5.0  # on SIGTERM: in-flight exchanges finish within this, new ones go to other workers
 
 # What the frame refuses by itself (a fixed set: filters/frame/src/table.rs), as the client sees it. The frame
 # reports the precise reason, which replaces these for the log and the metrics.
@@ -91,7 +99,7 @@ class Worker:
         self.engine = self._load()
 
     def _load(self) -> Engine:
-        return Engine(check_body_budget(load_dir(self.policies_dir), self.budget_bytes), defer_replay=True)
+        return Engine(check_body_budget(load_dir(self.policies_dir), self.budget_bytes), RouteStores(defer_replay=True))
 
     def table(self) -> Table:
         routes = {

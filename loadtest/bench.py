@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from certs import pki
-from filters.engine.conversation import secure_conversation as sc
+from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway, Options, default_workers
 from gateway.policy import PolicySet, load_dir
 from loadtest import engine_cpu

@@ -24,7 +24,8 @@ from typing import NamedTuple, TextIO
 
 from filters.engine import faults
 from filters.engine.engine import Exchange, RoutePipeline, build_pipeline
-from filters.engine.wss.replay import MemoryReplayCache
+from filters.stores.factory import RouteStores
+from filters.stores.replay import MemoryReplayCache
 from gateway.policy import Limits, Route
 from gateway.tools import demo_backend
 from gateway.tools.client import Client, ClientConfig
@@ -166,7 +167,7 @@ Row = tuple[str, str, Cost, float]  # (route, shape, the gateway's cost, ratio t
 def rows(certs: Path, size: int, count: int) -> list[Row]:
     out = []
     for profile, route in routes(certs).items():
-        pipeline = build_pipeline(route)
+        pipeline = build_pipeline(route, RouteStores())
         if profile == "xml":
             secure: Callable[[bytes], bytes] = lambda body: body  # noqa: E731
         else:

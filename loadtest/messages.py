@@ -21,8 +21,9 @@ from pathlib import Path
 from lxml import etree
 
 from certs import pki
-from filters.engine.conversation import secure_conversation as sc
-from filters.engine.xml import ns, xmlsupport
+from filters.engine import ns
+from filters.engine.wss import secure_conversation as sc
+from filters.engine.xml import xmlsupport
 from gateway.policy import PolicySet, Route, load_dir
 from gateway.tools.client import Client, ClientConfig, ClientError, Pending, content_type, http_post
 

@@ -33,12 +33,14 @@ from typing import TextIO
 from lxml import etree
 
 from certs import pki
+from filters.engine import ns
 from filters.engine.engine import Exchange, build_pipeline
 from filters.engine.profiles import SecuredPipeline
 from filters.engine.wss import signature
-from filters.engine.wss.replay import MemoryReplayCache
-from filters.engine.xml import c14n, ns, xmlsupport
+from filters.engine.xml import c14n, xmlsupport
 from filters.engine.xml.threat_protection import parse_envelope
+from filters.stores.factory import RouteStores
+from filters.stores.replay import MemoryReplayCache
 from gateway.policy import PolicySet, Route, load_dir
 from gateway.tools import demo_backend
 from loadtest import differential_parsing
@@ -95,7 +97,7 @@ def backend(body: bytes) -> bytes:
 
 def pipeline_for(route: Route, **switches: bool) -> SecuredPipeline:
     opts = route.optimizations.model_copy(update=switches)
-    pl = build_pipeline(route.model_copy(update={"optimizations": opts}))
+    pl = build_pipeline(route.model_copy(update={"optimizations": opts}), RouteStores())
     assert isinstance(pl, SecuredPipeline)
     pl.credentials.replay = MemoryReplayCache(epoch_ms=0)  # its own, so every configuration gets the same messages
     return pl

@@ -16,7 +16,7 @@ import requests
 import yaml
 from lxml import etree
 
-from filters.engine.wss import replay
+from filters.stores import replay
 from gateway.control.supervisor import Gateway, Options, free_ports
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from filters.engine.conversation import secure_conversation as sc
-from filters.engine.xml import ns
+from filters.engine import ns
+from filters.engine.wss import secure_conversation as sc
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig, ClientError, Post, http_post
 from tests import bsp

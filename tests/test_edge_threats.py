@@ -25,8 +25,8 @@ import pytest
 import requests
 from lxml import etree
 
-from filters.engine.conversation import secure_conversation as sc
 from filters.engine.conversation import ws_trust
+from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway
 from gateway.tools.client import Client, ClientConfig
 from tests.harness import clear, envelope, received, running_gateway

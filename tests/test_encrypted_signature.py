@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import padding
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
-from filters.engine.xml import ns
+from filters.engine import ns
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig, Pending, content_type
 from tests.harness import clear, fault_code, received, running_gateway

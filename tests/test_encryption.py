@@ -23,8 +23,8 @@ from lxml import etree
 
 from filters.engine import faults
 from filters.engine.faults import Fault
+from filters.engine.ns import DS, SOAP11, WSSE, XENC, XENC11, q
 from filters.engine.wss import encryption as enc
-from filters.engine.xml.ns import DS, SOAP11, WSSE, XENC, XENC11, q
 from gateway.policy import Limits
 
 LIMITS = Limits()

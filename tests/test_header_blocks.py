@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.xml import header_blocks, ns
+from filters.engine import faults, ns
+from filters.engine.xml import header_blocks
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import parse_envelope
 from gateway.policy import Limits, UnsignedHeaders

@@ -12,9 +12,8 @@ from cryptography.x509.oid import NameOID
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters.engine import faults
+from filters.engine import faults, ns
 from filters.engine.wss import keys
-from filters.engine.xml import ns
 
 NOW = dt.datetime.now(dt.UTC)
 NSDECL = f'xmlns:ds="{ns.DS}" xmlns:wsse="{ns.WSSE}" xmlns:wsu="{ns.WSU}" xmlns:wsse11="{ns.WSSE11}"'

@@ -15,8 +15,8 @@ import pytest
 import requests
 from lxml import etree
 
+from filters.engine import ns
 from filters.engine.wss import keys
-from filters.engine.xml import ns
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig, content_type
 from tests.harness import clear, fault_code, received, running_gateway

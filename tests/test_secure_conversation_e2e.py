@@ -11,7 +11,7 @@ import pytest
 import requests
 from lxml import etree
 
-from filters.engine.conversation import secure_conversation as sc
+from filters.engine.wss import secure_conversation as sc
 from filters.engine.xml.threat_protection import parse_envelope
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig, ClientError, http_post

@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives import serialization
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters.engine import faults
+from filters.engine import faults, ns
 from filters.engine.wss import keys, signature
-from filters.engine.xml import ns, threat_protection
+from filters.engine.xml import threat_protection
 from filters.engine.xml.soap import Envelope
 from gateway.policy import Limits, SignaturePolicy
 

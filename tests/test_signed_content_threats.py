@@ -20,8 +20,8 @@ import requests
 import yaml
 from lxml import etree
 
+from filters.engine import ns
 from filters.engine.wss import username_token, wssecurity
-from filters.engine.xml import ns
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig, Pending, content_type, http_post
 from tests.harness import clear, envelope, fault_code, received, running_gateway

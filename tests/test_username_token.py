@@ -14,10 +14,9 @@ import yaml
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters.engine import faults
+from filters.engine import faults, ns
 from filters.engine.wss import username_token as ut_mod
 from filters.engine.wss.username_token import Users, create, verify
-from filters.engine.xml import ns
 from filters.stores.auth_throttle import MemoryFailureThrottle
 from gateway.policy import UsernameTokenPolicy
 

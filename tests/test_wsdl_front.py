@@ -18,7 +18,7 @@ import zeep
 from lxml import etree
 from zeep.wsse.compose import Compose
 
-from filters.engine.xml import ns
+from filters.engine import ns
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig
 from tests.harness import content_type, fault_code, received, running_gateway

@@ -10,27 +10,28 @@ from collections.abc import Mapping
 
 from filters.engine import faults
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
-from filters.engine.profiles import SecureConversationPipeline, SecuredPipeline
+from filters.engine.profiles import SecureConversationPipeline, SecuredPipeline, Stores
 from filters.engine.xml.soap import version_from_content_type
 from gateway.policy import PolicySet, Route
 
-__all__ = ["Engine", "Exchange", "Outcome", "RoutePipeline", "build_pipeline", "fault_soap_version"]
+__all__ = ["Engine", "Exchange", "Outcome", "RoutePipeline", "Stores", "build_pipeline", "fault_soap_version"]
 
 
-def build_pipeline(route: Route, defer_replay: bool = False) -> RoutePipeline:
-    """`defer_replay`: a Redis replay store is not called; the keys go out with the verdict (Outcome.replay)."""
+def build_pipeline(route: Route, stores: Stores) -> RoutePipeline:
+    """`stores`: what the secured profiles keep outside the engine (filters/stores/factory.py builds them; a
+    deferred replay store is not called: the keys go out with the verdict, Outcome.replay)."""
     if route.profile == "xml":
         return RoutePipeline(route)
     if route.profile == "secureconversation":
-        return SecureConversationPipeline(route, defer_replay)
-    return SecuredPipeline(route, defer_replay)
+        return SecureConversationPipeline(route, stores)
+    return SecuredPipeline(route, stores)
 
 
 class Engine:
     """All routes' pipelines; rebuilt as a whole when policies change (old exchanges keep the old one)."""
 
-    def __init__(self, policies: PolicySet, defer_replay: bool = False) -> None:
-        self.pipelines = {r.name: build_pipeline(r, defer_replay) for r in policies.routes if r.touches_xml}
+    def __init__(self, policies: PolicySet, stores: Stores) -> None:
+        self.pipelines = {r.name: build_pipeline(r, stores) for r in policies.routes if r.touches_xml}
 
     def pipeline(self, route_name: str) -> RoutePipeline:
         try:

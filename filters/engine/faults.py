@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
-from filters.engine.xml import ns
+from filters.engine import ns
 
 # WS-Security 1.0 section 12 fault codes and their generic client messages.
 WSSE_CODES: dict[str, str] = {

@@ -6,83 +6,53 @@ replay store, the response signer. The hot path only parses, verifies, secures a
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from functools import cache
 from pathlib import Path
+from typing import Protocol
 
+from cryptography import x509
 from lxml import etree
 
-from filters.engine import faults, metrics
-from filters.engine.conversation import secure_conversation as sc
+from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
+from filters.engine.conversation.contexts import ContextStore, store_resolver
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
-from filters.engine.wss import encryption, keys, replay, signature, wssecurity
+from filters.engine.wss import encryption, keys, signature, wssecurity
+from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
+from filters.engine.wss.keys import RevocationCheck
 from filters.engine.wss.optimizations import Optimizations
-from filters.engine.wss.username_token import Users
-from filters.engine.xml import header_blocks, ns
+from filters.engine.wss.replay import DeferredReplay, ReplayCache
+from filters.engine.wss.username_token import FailureThrottle, Users
+from filters.engine.xml import header_blocks
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import check_structure, parse_envelope
-from filters.stores import auth_throttle
-from filters.stores import contexts as context_store
-from filters.stores.revocation import RevocationChecker
 from gateway.policy import Route
 
-REDIS_URL_ENV = "WSGATE_REDIS_URL"  # set by `wsgate up` (its own Redis) or by the deployment (Compose)
 RESPONSE_TIMESTAMP_TTL_S = 300
 
 
-def _shared_store_url(route: Route) -> str | None:
-    """The Redis URL the route's replay store uses, or None when it keeps to the worker's memory."""
-    policy = route.replay
-    url = policy.redis_url or os.environ.get(REDIS_URL_ENV)
-    if policy.store == "memory" or (policy.store == "auto" and not url):
-        return None
-    if not url:
-        raise faults.server(f"route {route.name}: replay store redis needs redis_url or {REDIS_URL_ENV}")
-    return url
+class Stores(Protocol):
+    """What a secured route keeps outside the engine, built for it by the caller (filters/stores/factory.py: the
+    filter worker's Redis or memory stores, the client's memory ones). Called once per pipeline build."""
 
+    def replay(self, route: Route) -> ReplayCache | DeferredReplay:
+        """Where nonces and signature values are remembered."""
+        ...
 
-def replay_store(route: Route, deferred: bool = False) -> replay.ReplayCache | replay.DeferredRedisReplay:
-    """`deferred`: Redis is left to the caller (the frame), except rediss:// (the frame speaks no TLS to Redis)."""
-    url = _shared_store_url(route)
-    if url and deferred and url.startswith(("redis://", "unix://")):
-        return _deferred_store(url)
-    return _redis_store(url) if url else _memory_store(route.replay.max_entries)
+    def failure_throttle(self, route: Route) -> FailureThrottle:
+        """Failed UsernameToken checks per user."""
+        ...
 
+    def contexts(self, route: Route) -> ContextStore:
+        """Where the route's security contexts live (`secureconversation`)."""
+        ...
 
-def failure_throttle(route: Route) -> auth_throttle.FailureThrottle:
-    """Failed UsernameToken checks per user: in Redis where the replay store is (every worker sees the same
-    counts), else in this worker's memory (counted afresh after a policy reload)."""
-    ut = route.username_token
-    url = _shared_store_url(route)
-    if url:
-        return _redis_throttle(url, route.name, ut.max_failures, ut.failure_window_s)
-    return auth_throttle.MemoryFailureThrottle(ut.max_failures, ut.failure_window_s)
-
-
-@cache
-def _redis_throttle(url: str, scope: str, max_failures: int, window_s: int) -> auth_throttle.RedisFailureThrottle:
-    return auth_throttle.RedisFailureThrottle(url, scope, max_failures, window_s)  # one connection pool, not per reload
-
-
-@cache
-def _memory_store(max_entries: int) -> replay.ReplayCache:
-    # One per worker, shared by its routes and kept across reloads; it remembers all since the worker started.
-    return replay.MemoryReplayCache(max_entries, epoch_ms=replay.PROCESS_STARTED_MS)
-
-
-@cache
-def _redis_store(url: str) -> replay.ReplayCache:
-    return replay.RedisReplayCache(url)
-
-
-@cache
-def _deferred_store(url: str) -> replay.DeferredRedisReplay:
-    return replay.DeferredRedisReplay(url)
+    def revocation(self, route: Route, issuers: Sequence[x509.Certificate]) -> RevocationCheck:
+        """The signer's revocation status (route.rsa.revocation, mode not "off")."""
+        ...
 
 
 # What secures a message: the signature, the encryption, tokens to put first in the header.
@@ -93,7 +63,7 @@ class SecuredPipeline(RoutePipeline):
     """Inbound: threat protection, then the Security header in the sender's order, then plain SOAP out.
     Outbound: the mirror image, the response signed (and encrypted) for the requester."""
 
-    def __init__(self, route: Route, defer_replay: bool = False) -> None:
+    def __init__(self, route: Route, stores: Stores) -> None:
         super().__init__(route)
         self.requirements = wssecurity.Requirements(
             timestamp=route.timestamp,
@@ -107,10 +77,10 @@ class SecuredPipeline(RoutePipeline):
         )
         self.optimizations = Optimizations.for_route(route)
         self.credentials = wssecurity.Credentials(
-            users=Users.load(route.username_token.users_file, throttle=failure_throttle(route))
+            users=Users.load(route.username_token.users_file, throttle=stores.failure_throttle(route))
             if route.username_token.users_file
             else None,
-            replay=replay_store(route, defer_replay),
+            replay=stores.replay(route),
             optimizations=self.optimizations,
         )
         x509 = route.profile != "hmac"
@@ -120,7 +90,7 @@ class SecuredPipeline(RoutePipeline):
         elif x509 and route.encryption.require_request:
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
         if x509:
-            self.credentials.trust = _trust_store(route)
+            self.credentials.trust = _trust_store(route, stores)
             self.credentials.known_certificates = keys.load_certificates(route.rsa.known_certificates)
             self.certificate = keys.load_certificate(route.rsa.certificate)
             self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
@@ -223,12 +193,12 @@ class SecureConversationPipeline(SecuredPipeline):
     The Issue request is checked like an `rsa` request (X.509 signature from a trusted client). Contexts live
     where the route says: sealed into the token (no gateway memory), in memory (bounded), or in Redis."""
 
-    def __init__(self, route: Route, defer_replay: bool = False) -> None:
-        super().__init__(route, defer_replay)
-        self.store = context_store.make_store(route.secureconversation, os.environ.get(REDIS_URL_ENV))
+    def __init__(self, route: Route, stores: Stores) -> None:
+        super().__init__(route, stores)
+        self.store = stores.contexts(route)
         self.in_context = replace(self.requirements, signer="context")
         self.context_credentials = replace(
-            self.credentials, contexts=lambda now, local: context_store.store_resolver(self.store, now, local)
+            self.credentials, contexts=lambda now, local: store_resolver(self.store, now, local)
         )
 
     def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
@@ -248,7 +218,7 @@ class SecureConversationPipeline(SecuredPipeline):
         rst = ws_trust.find_rst(env)
         if rst is not None:
             # Issue and Cancel change the context store: their replay keys are settled first, here (rare messages).
-            if isinstance(self.credentials.replay, replay.DeferredRedisReplay):
+            if isinstance(self.credentials.replay, DeferredReplay):
                 self.credentials.replay.settle(verified.replay_keys, verified.replay_since_ms)
             return self._answer(ws_trust.parse_rst(rst), env, verified, headers, now)
         if verified.context is None:
@@ -313,7 +283,7 @@ def context_security(
     return sign, enc, (signing.element, encrypting.element) if encrypt else (signing.element,)
 
 
-def _trust_store(route: Route) -> keys.TrustStore:
+def _trust_store(route: Route, stores: Stores) -> keys.TrustStore:
     """The X.509 signer's trust (`rsa`, and the `secureconversation` bootstrap): anchors, intermediates,
     allow-list, revocation."""
     opts = route.rsa
@@ -321,7 +291,7 @@ def _trust_store(route: Route) -> keys.TrustStore:
     intermediates = keys.load_certificates(opts.intermediates)
     checker = None
     if opts.revocation.mode != "off":
-        checker = RevocationChecker(opts.revocation, [*anchors, *intermediates])
+        checker = stores.revocation(route, [*anchors, *intermediates])
     return keys.TrustStore(anchors, opts.allowed_subjects, intermediates=intermediates, revocation=checker)
 
 

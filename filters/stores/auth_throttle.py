@@ -12,7 +12,7 @@ name (or by failing on very many names, which costs him `max_failures` refused r
 
 The memory throttle serves one worker; when the route's replay store is Redis, `RedisFailureThrottle` counts
 for every worker and replica (the bucket key is kept in Redis too, so they all bucket alike). A Redis that
-cannot answer is a server fault: fail closed."""
+cannot answer is a server fault: fail closed. Both implement username_token.FailureThrottle (the engine's side)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import os
 import time
 from array import array
 from collections.abc import Callable
-from typing import Protocol
 
 import redis
 from redis.backoff import NoBackoff
@@ -31,16 +30,6 @@ from redis.retry import Retry
 from filters.engine import faults
 
 BUCKETS = 65536  # 12 bytes each in memory; at most this many keys per route in Redis
-
-
-class FailureThrottle(Protocol):
-    def blocked(self, username: str) -> bool:
-        """True while `username` has `max_failures` failures in its current window."""
-        ...
-
-    def failed(self, username: str) -> None:
-        """Count a failed check for `username`."""
-        ...
 
 
 def _bucket(key: bytes, username: str, buckets: int) -> int:

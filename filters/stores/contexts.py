@@ -14,8 +14,7 @@ import os
 import re
 import struct
 import threading
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,22 +29,19 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from filters.engine import faults
-from filters.engine.conversation.secure_conversation import (
+from filters.engine.conversation.contexts import ContextStore, live, random_identifier, unknown_context
+from filters.engine.wss.replay import PROCESS_STARTED_MS, now_ms
+from filters.engine.wss.secure_conversation import (
     EXPIRED_GRACE_S,
     MAX_IDENTIFIER,
     VERSIONS,
     Context,
-    Sct,
-    SctRef,
-    SctResolver,
     Version,
-    resolve_identifier,
     store_full,
     wsc_fault,
     wst_fault,
 )
-from filters.engine.wss import replay
-from filters.engine.wss.timestamp import format_datetime
+from filters.stores.replay import EPOCH_KEY, epoch_of
 from gateway.policy import SecureConversationOptions
 
 # ---------------------------------------------------------------------------------------------------------
@@ -71,10 +67,6 @@ def _new_context(
     return Context(identifier, secret, subject, version, created, created + timedelta(seconds=lifetime_s))
 
 
-def random_identifier() -> str:
-    return f"urn:uuid:{uuid.uuid4()}"
-
-
 # format, spec version code, created ms, expires ms, secret length; then the secret and the UTF-8 subject.
 _PACK = struct.Struct(">BBqqB")
 _PACK_FORMAT = 1
@@ -98,41 +90,6 @@ def _unpack(identifier: str, data: bytes) -> Context | None:
     except UnicodeDecodeError:
         return None
     return Context(identifier, secret, subject, VERSIONS[code], _EPOCH + created * _MS, _EPOCH + expires * _MS)
-
-
-def unknown_context(version: Version, identifier: str, why: str = "unknown security context") -> faults.Fault:
-    return wsc_fault(version, "BadContextToken", f"{why}: {identifier[:80]!r}")
-
-
-def _live(ctx: Context, version: Version, now: datetime) -> Context:
-    """`ctx` if it may be used in a `version` message at `now`."""
-    if ctx.version is not version:
-        raise unknown_context(
-            version, ctx.identifier, f"context of version {ctx.version.name} used with {version.name}"
-        )
-    if now >= ctx.expires:
-        raise wsc_fault(version, "RenewNeeded", f"security context expired at {format_datetime(ctx.expires)}")
-    return ctx
-
-
-class ContextStore(Protocol):
-    """Where contexts live. `version` is that of the message at hand: it names the faults' namespace, and a
-    context is only found for messages of the version it was established with."""
-
-    lifetime_s: int
-
-    def issue(self, secret: bytes, subject: str, version: Version, now: datetime) -> Context:
-        """A new context created at `now`, expiring `lifetime_s` later."""
-        ...
-
-    def lookup(self, identifier: str, version: Version, now: datetime) -> Context:
-        """The live context `identifier` names; BadContextToken (unknown, cancelled, tampered, other version)
-        or RenewNeeded (expired)."""
-        ...
-
-    def cancel(self, identifier: str, version: Version, now: datetime) -> Context:
-        """End a live context (faults as `lookup`) and return it."""
-        ...
 
 
 class MemoryContextStore:
@@ -173,7 +130,7 @@ class MemoryContextStore:
         ctx = self._contexts.get(identifier)
         if ctx is None:
             raise unknown_context(version, identifier)
-        return _live(ctx, version, now)
+        return live(ctx, version, now)
 
     def cancel(self, identifier: str, version: Version, now: datetime) -> Context:
         ctx = self.lookup(identifier, version, now)
@@ -250,7 +207,7 @@ class RedisContextStore:
         ctx = _unpack(identifier, data)
         if ctx is None:
             raise unknown_context(version, identifier, "unreadable context record")
-        return _live(ctx, version, now)
+        return live(ctx, version, now)
 
     def cancel(self, identifier: str, version: Version, now: datetime) -> Context:
         ctx = self.lookup(identifier, version, now)
@@ -290,7 +247,7 @@ class MemoryRevocations:
             raise ValueError("max_entries must be at least 1")
         self.max_entries = max_entries
         # A new list (a worker started) knows no cancellation made before it: contexts issued until then are out.
-        self._epoch_ms = replay.now_ms() if epoch is None else _ms(epoch)
+        self._epoch_ms = now_ms() if epoch is None else _ms(epoch)
         self._until: dict[bytes, datetime] = {}
         self._heap: list[tuple[datetime, bytes]] = []  # the same entries by expiry; they leave both together
         self._lock = threading.Lock()
@@ -331,13 +288,13 @@ class RedisRevocations:
         return True
 
     def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
-        mine = replay.now_ms()
+        mine = now_ms()
         with _redis_errors():
             pipe = self._client.pipeline(transaction=False)
-            pipe.set(replay.EPOCH_KEY, str(mine), nx=True, get=True)
+            pipe.set(EPOCH_KEY, str(mine), nx=True, get=True)
             pipe.exists(self.prefix + key.hex())
             epoch, cancelled = pipe.execute()
-        return bool(cancelled) or _ms(issued) <= replay.epoch_of(epoch, mine)
+        return bool(cancelled) or _ms(issued) <= epoch_of(epoch, mine)
 
     def close(self) -> None:
         self._client.close()
@@ -453,7 +410,7 @@ class SealedContextStore:
             raise unknown_context(
                 version, identifier, "cancelled security context, or issued before the cancellations' epoch"
             )
-        return _live(ctx, version, now), revocation
+        return live(ctx, version, now), revocation
 
     def lookup(self, identifier: str, version: Version, now: datetime) -> Context:
         return self._lookup(identifier, version, now)[0]
@@ -468,23 +425,7 @@ class SealedContextStore:
 @functools.cache
 def _memory_revocations(max_entries: int) -> MemoryRevocations:
     # One per worker, kept across policy reloads: a new list would start a new epoch and refuse every context.
-    return MemoryRevocations(max_entries, epoch=_EPOCH + replay.PROCESS_STARTED_MS * _MS)
-
-
-def store_resolver(store: ContextStore, now: datetime, local: Mapping[str, Sct] | None = None) -> SctResolver:
-    """Resolves SCT references of one message: '#id' through `local` (header_scts of its Security header),
-    Identifiers directly, then the live context from `store` (its faults). Each context once per message: its
-    derived keys (signature, encryption) name the same one, and a lookup may be a Redis round trip."""
-    found: dict[tuple[str, str], Context] = {}
-
-    def resolve(ref: SctRef) -> Context:
-        identifier = resolve_identifier(ref, local, "UnknownDerivationSource")
-        key = (identifier, ref.version.name)
-        if key not in found:
-            found[key] = store.lookup(identifier, ref.version, now)
-        return found[key]
-
-    return resolve
+    return MemoryRevocations(max_entries, epoch=_EPOCH + PROCESS_STARTED_MS * _MS)
 
 
 def make_store(options: SecureConversationOptions, redis_url: str | None = None) -> ContextStore:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from certs import pki
 from gateway.control import envoy_config
+from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
-from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, load_dir
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -46,7 +47,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def _policies(directory: Path) -> PolicySet | None:
     """The policy set, or None after printing why it is invalid."""
     try:
-        return load_dir(directory)
+        return load_checked(directory)
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return None
@@ -137,7 +138,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     from gateway.tools.client import Client, ClientConfig, ClientError, http_post
 
     try:
-        route = load_dir(args.policies).route(args.policy)
+        route = load_checked(args.policies).route(args.policy)
     except KeyError:
         print(f"wsgate client: no route named {args.policy!r} in {args.policies}", file=sys.stderr)
         return 2
@@ -339,10 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "filter":
-        from filters import worker
-
-        worker.main(argv[1:])
-        return
+        # A filter worker is its own program, started as the supervisor starts it: the control plane never loads
+        # the worker or its compiled frame.
+        os.execv(sys.executable, [sys.executable, "-m", "filters.worker", *argv[1:]])
     if argv and argv[0] == "backend":
         from gateway.tools import demo_backend
 

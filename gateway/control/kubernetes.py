@@ -25,9 +25,8 @@ import yaml
 
 from certs import pki
 from filters.engine.xml import wsdl
-from filters.worker import GRACE_SECONDS
 from gateway.control import envoy_config
-from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, Route
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, GRACE_SECONDS, PolicyError, PolicySet, Route
 
 NAMESPACE = "wsgate"
 ENVOY, FILTER, REDIS, BACKEND = "wsgate-envoy", "wsgate-filter", "wsgate-redis", "wsgate-backend"
@@ -41,7 +40,7 @@ KEYS_DIR = "keys"  # in DIR: the key files the secretGenerators read (copied the
 POLICIES_MOUNT = "/app/policies"
 MAX_CONFIG_MAP_BYTES = 900 * 1024  # the API server stores at most 1 MiB per object, base64 and keys included
 FILTER_KEYS_MOUNT = f"/app/{pki.DEFAULT_DIR}"  # policies name key files relative to the image's /app
-REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/engine/profiles.py reads it
+REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/stores/factory.py reads it
 PART_OF = "app.kubernetes.io/part-of"
 COMPONENT = "app.kubernetes.io/component"
 # Envoy re-resolves the filters' headless Service every 5 s (its default dns_refresh_rate) and the cluster DNS

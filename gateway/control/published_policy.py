@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from lxml import etree
 
-from filters.engine.xml import ns
+from filters.engine import ns
 from gateway.policy import Route
 
 SOAP_BINDINGS = (ns.q(ns.WSDL_SOAP11, "binding"), ns.q(ns.WSDL_SOAP12, "binding"))

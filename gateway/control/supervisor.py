@@ -22,11 +22,12 @@ from pathlib import Path
 import redis
 
 from certs import pki
-from filters.engine.wss import replay
+from filters.stores import replay
 from gateway.control import envoy_config
-from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, check_body_budget, load_dir
+from gateway.control.documents import load_checked
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, check_body_budget
 
-REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/engine/profiles.py reads it
+REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/stores/factory.py reads it
 
 log = logging.getLogger("wsgate.up")
 
@@ -239,7 +240,7 @@ class Gateway:
     def start(self) -> None:
         o = self.opts
         pki.init(o.certs)
-        self.policies = check_body_budget(load_dir(o.policies), o.body_budget_mb * 1024 * 1024)
+        self.policies = check_body_budget(load_checked(o.policies), o.body_budget_mb * 1024 * 1024)
         self._signature = _policy_signature(o.policies)
         self.render()
         self._start_shared_store()
@@ -356,7 +357,7 @@ class Gateway:
             return False
         self._signature = sig
         try:
-            policies = check_body_budget(load_dir(self.opts.policies), self.opts.body_budget_mb * 1024 * 1024)
+            policies = check_body_budget(load_checked(self.opts.policies), self.opts.body_budget_mb * 1024 * 1024)
         except PolicyError as exc:
             log.error("policy change refused, the running policies stay:\n%s", exc)
             return False

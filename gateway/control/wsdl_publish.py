@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from filters.engine.xml import ns, wsdl
+from filters.engine import ns
+from filters.engine.xml import wsdl
 from gateway.control import published_policy
 from gateway.policy import Edge, Route
 

@@ -16,13 +16,12 @@ import requests
 from cryptography import x509
 
 from certs import pki
-from filters.engine import faults
-from filters.engine.conversation import secure_conversation as sc
+from filters.engine import faults, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.profiles import context_security
 from filters.engine.wss import encryption, keys, signature, wssecurity
+from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
-from filters.engine.xml import ns
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import parse_envelope
 from gateway.policy import Route, UsernameTokenPolicy

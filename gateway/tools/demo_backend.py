@@ -33,7 +33,8 @@ from xml.sax.saxutils import escape
 
 from lxml import etree
 
-from filters.engine.xml import ns, xmlsupport
+from filters.engine import ns
+from filters.engine.xml import xmlsupport
 
 log = logging.getLogger("wsgate.demo_backend")
 

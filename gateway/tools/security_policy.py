@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from lxml import etree
 
-from filters.engine.xml import ns
-
-if TYPE_CHECKING:
-    from gateway.tools.wsdl_import import Definitions
+from filters.engine import ns
 
 SP = (ns.SP11, ns.SP12)
 # Assertions about WS-Addressing use, not security: the gateway passes addressing headers as they are.
@@ -43,6 +40,14 @@ class Mapped:
     notes: list[str] = field(default_factory=list)
     unmapped: list[str] = field(default_factory=list)
     usable: bool = True
+
+
+class Definitions(Protocol):
+    """What the mapping reads of a WSDL's policies (wsdl_import.Definitions, which imports this module)."""
+
+    def nested(self, assertion: etree._Element, notes: list[str]) -> list[etree._Element]:
+        """The first alternative of an assertion's nested wsp:Policy."""
+        ...
 
 
 @dataclass

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 import yaml
 from lxml import etree
 
-from filters.engine.xml import ns, wsdl
+from filters.engine import ns
+from filters.engine.xml import wsdl
 from gateway.tools.security_policy import PROFILE_STRENGTH, UNRESOLVED, Mapped, map_policy
 
 WSP = (ns.WSP_2004, ns.WSP)  # 1.2, 1.5

@@ -17,8 +17,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.conversation.secure_conversation import (
+from filters.engine import faults, ns
+from filters.engine.conversation.contexts import ContextStore, random_identifier, unknown_context
+from filters.engine.wss import encryption, keys
+from filters.engine.wss.secure_conversation import (
     BY_WST,
     DEFAULT_KEY_BITS,
     MAX_CONTEXT_ATTRIBUTE,
@@ -50,11 +52,8 @@ from filters.engine.conversation.secure_conversation import (
     wsc_fault,
     wst_fault,
 )
-from filters.engine.wss import encryption, keys
 from filters.engine.wss.timestamp import format_datetime, parse_datetime
-from filters.engine.xml import ns
 from filters.engine.xml.soap import Envelope
-from filters.stores.contexts import ContextStore, random_identifier, unknown_context
 
 # ---------------------------------------------------------------------------------------------------------
 # RequestSecurityToken (gateway side)

@@ -34,8 +34,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
 from filters.engine import faults, metrics
+from filters.engine.ns import DS, XENC, XENC11, q
 from filters.engine.xml import threat_protection
-from filters.engine.xml.ns import DS, XENC, XENC11, q
 from filters.engine.xml.threat_protection import Limits
 
 TYPE_CONTENT = XENC + "Content"

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import yaml
 from cryptography import x509
@@ -27,9 +27,7 @@ from cryptography.x509 import verification
 from cryptography.x509.oid import NameOID
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.xml import ns
-from filters.stores.revocation import RevocationChecker
+from filters.engine import faults, ns
 
 # lxml names a namespace it has to declare on its own after this table (ns0 otherwise); WSS4J's prefixes.
 for _prefix in ("wsse", "wsu", "wsse11", "ds", "xenc", "ec"):
@@ -134,6 +132,15 @@ _EE_POLICY = verification.ExtensionPolicy.webpki_defaults_ee().may_be_present(
 )
 
 
+class RevocationCheck(Protocol):
+    """Whether the certificates of a validated chain are still in good standing (filters/stores/revocation.py:
+    CRL files, OCSP)."""
+
+    def check(self, chain: Sequence[x509.Certificate], now: dt.datetime) -> None:
+        """Raise a fault when a certificate of `chain` (leaf first) is revoked or its status cannot be had."""
+        ...
+
+
 class TrustStore:
     """Decides whether a certificate chains to one of `anchors` and, when `allowed_subjects` is given,
     whether its subject is on that list.
@@ -149,7 +156,7 @@ class TrustStore:
         allowed_subjects: list[str] | None = None,
         *,
         intermediates: Sequence[x509.Certificate] = (),
-        revocation: RevocationChecker | None = None,
+        revocation: RevocationCheck | None = None,
         cache_ttl: dt.timedelta = CACHE_TTL,
         cache_size: int = CACHE_SIZE,
     ) -> None:

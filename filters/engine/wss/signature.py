@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
-from filters.engine import faults, metrics
-from filters.engine.xml import c14n, ns, values
+from filters.engine import faults, metrics, ns
+from filters.engine.xml import c14n, values
 from filters.engine.xml.soap import Envelope
 
 if TYPE_CHECKING:

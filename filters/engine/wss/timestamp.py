@@ -12,8 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.xml import ns
+from filters.engine import faults, ns
 from gateway.policy import TimestampPolicy
 
 TIMESTAMP = ns.q(ns.WSU, "Timestamp")

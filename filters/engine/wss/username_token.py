@@ -17,15 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import yaml
 from lxml import etree
 
-from filters.engine import faults
+from filters.engine import faults, ns
 from filters.engine.wss.timestamp import check_fresh, format_datetime, parse_datetime
-from filters.engine.xml import ns
-from filters.stores.auth_throttle import FailureThrottle
 from gateway.policy import UsernameTokenPolicy
 
 USERNAME_TOKEN = ns.q(ns.WSSE, "UsernameToken")
@@ -39,6 +37,18 @@ _TYPES: dict[str, PasswordType] = {ns.PASSWORD_TEXT: "text", ns.PASSWORD_DIGEST:
 MIN_NONCE_BYTES = 16
 _SCRYPT_MAXMEM = 64 * 1024 * 1024  # refuse hash parameters that would need more memory per check
 _DEFAULT_SCRYPT = (2**14, 8, 1, 32)  # certs.pki.hash_password's (n, r, p, length), for files without hashes
+
+
+class FailureThrottle(Protocol):
+    """Failed checks counted per user (filters/stores/auth_throttle.py: in memory or in Redis)."""
+
+    def blocked(self, username: str) -> bool:
+        """True while `username` has `max_failures` failures in its current window."""
+        ...
+
+    def failed(self, username: str) -> None:
+        """Count a failed check for `username`."""
+        ...
 
 
 def _b64(text: str) -> bytes:

@@ -19,12 +19,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.conversation import secure_conversation as sc
+from filters.engine import faults, ns
 from filters.engine.wss import encryption, keys, signature, timestamp, username_token
+from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss.optimizations import Optimizations
-from filters.engine.wss.replay import DeferredKey, DeferredRedisReplay, ReplayCache, check_epoch, first_sight
-from filters.engine.xml import ns
+from filters.engine.wss.replay import DeferredKey, DeferredReplay, ReplayCache, check_epoch, first_sight
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import Limits
 from gateway.policy import EncryptionPolicy, SignaturePolicy, TimestampPolicy, UsernameTokenPolicy
@@ -74,7 +73,7 @@ class Credentials:
     psk: Mapping[str, bytes] = field(default_factory=dict)  # pre-shared keys by ds:KeyName
     encrypted_keys: Mapping[str, bytes] = field(default_factory=dict)  # EncryptedKeySHA1 (base64) -> key we sent
     users: username_token.Users | None = None
-    replay: ReplayCache | DeferredRedisReplay | None = None
+    replay: ReplayCache | DeferredReplay | None = None
     optimizations: Optimizations | None = None  # the route's signature optimizations (None: xmlsec throughout)
     # WS-SecureConversation: resolves the SCT references of one message (now, the header's SCTs by wsu:Id).
     contexts: Callable[[datetime, Mapping[str, sc.Sct]], sc.SctResolver] | None = None
@@ -227,7 +226,7 @@ def _check_replay_epoch(st: _State) -> None:
     else:  # nothing signed says when: only a loss older than the keys' lifetime is out of reach
         evidence = st.now - timedelta(seconds=tp.max_age_s + 2 * tp.clock_skew_s)
     st.out.replay_since_ms = int(evidence.timestamp() * 1000)
-    if not isinstance(st.creds.replay, DeferredRedisReplay):
+    if not isinstance(st.creds.replay, DeferredReplay):
         check_epoch(st.out.replay_since_ms, st.creds.replay.epoch_ms())
 
 

@@ -27,6 +27,7 @@ from datetime import datetime
 from cryptography import x509
 from lxml import etree
 
+from filters.engine import ns
 from filters.engine.wss import encryption, keys, signature, timestamp, username_token
 from filters.engine.wss.optimizations import Optimizations
 from filters.engine.wss.wssecurity import (
@@ -37,7 +38,6 @@ from filters.engine.wss.wssecurity import (
     drop_comments,
     encrypted_key_sha1,
 )
-from filters.engine.xml import ns
 from filters.engine.xml.soap import Envelope
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.xml import ns, values
+from filters.engine import faults, ns
+from filters.engine.xml import values
 from filters.engine.xml.soap import Envelope
 from gateway.policy import UnsignedHeaders
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.xml import ns, wsdl, xmlsupport
+from filters.engine import faults, ns
+from filters.engine.xml import wsdl, xmlsupport
 from filters.engine.xml.wsdl import copy_with_references
 from gateway.policy import Route
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from filters.engine.xml import ns
+from filters.engine import ns
 
 VERSIONS = {ns.SOAP11: "1.1", ns.SOAP12: "1.2"}
 

@@ -23,8 +23,8 @@ from xml.sax.saxutils import quoteattr
 
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.xml import charset, ns, xmlsupport
+from filters.engine import faults, ns
+from filters.engine.xml import charset, xmlsupport
 from filters.engine.xml.soap import VERSIONS, Envelope
 from filters.engine.xml.xmlsupport import ExternalResourceRefused
 

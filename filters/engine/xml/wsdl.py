@@ -19,8 +19,8 @@ from urllib.parse import unquote, urlsplit
 
 from lxml import etree
 
+from filters.engine.ns import WSDL, XSD
 from filters.engine.xml import xmlsupport
-from filters.engine.xml.ns import WSDL, XSD
 
 MAX_DOCUMENTS = 64
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024

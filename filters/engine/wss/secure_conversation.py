@@ -25,8 +25,7 @@ from datetime import datetime
 
 from lxml import etree
 
-from filters.engine import faults
-from filters.engine.xml import ns
+from filters.engine import faults, ns
 
 # ---------------------------------------------------------------------------------------------------------
 # Spec versions
