@@ -75,6 +75,25 @@ class Options:
         }  # fmt: skip
         return cls(**{**defaults, **fields})  # type: ignore[arg-type]
 
+    def ports(self) -> list[tuple[str, int, str]]:
+        """Every (host, port, role) `start` binds, a replaced worker's ports included."""
+        bind = self.bind.strip("[]")
+        admin_host = "127.0.0.1" if bind == "127.0.0.1" else "0.0.0.0"
+        out = [
+            (bind, self.http_port, "Envoy's HTTP listener"),
+            (bind, self.https_port, "Envoy's HTTPS listener"),
+            (admin_host, self.admin_port, "Envoy's admin interface"),
+        ]
+        for slot in range(2 * self.workers):
+            who = f"filter worker {slot % self.workers}'s" + (" replacement's" if slot >= self.workers else "")
+            out.append(("127.0.0.1", self.filter_port + slot, f"{who} gRPC"))
+            if self.metrics_port:
+                out.append(("127.0.0.1", self.metrics_port + slot, f"{who} metrics"))
+        if self.backend:
+            host, port = self.backend.rsplit(":", 1)
+            out.append((host.strip("[]"), int(port), "the demo backend"))
+        return out
+
     def topology(self, worker_ports: list[int] | None = None) -> envoy_config.Topology:
         ports = worker_ports or [self.filter_port + i for i in range(self.workers)]
         return envoy_config.Topology(
@@ -134,6 +153,27 @@ def _wait_tcp(host: str, port: int, proc: subprocess.Popen[bytes], what: str, ti
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")
+
+
+def _can_bind(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As the servers bind (SO_REUSEADDR): a port left in TIME_WAIT by a previous run is free, a listener is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(opts: Options) -> None:
+    """Refuse to start when a port the gateway will bind is in use, naming each such port and its role."""
+    taken = [
+        f"port {port} ({role}) is taken on {host}" for host, port, role in opts.ports() if not _can_bind(host, port)
+    ]
+    if taken:
+        raise RuntimeError("; ".join(taken) + "; nothing was started")
 
 
 def _rss_mb(pid: int) -> float:
@@ -239,6 +279,7 @@ class Gateway:
 
     def start(self) -> None:
         o = self.opts
+        check_ports(o)  # before anything starts: a clear message instead of a worker that did not start
         pki.init(o.certs)
         self.policies = check_body_budget(load_checked(o.policies), o.body_budget_mb * 1024 * 1024)
         self._signature = _policy_signature(o.policies)
