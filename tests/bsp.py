@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from cryptography import x509
 from lxml import etree
 
-from filters import ns
-from filters import secure_conversation as sc
+from filters.engine import ns
+from filters.engine.wss import secure_conversation as sc
 
 WSSE, WSU, DS, XENC = ns.WSSE, ns.WSU, ns.DS, ns.XENC
 SECURITY = ns.q(WSSE, "Security")

@@ -27,11 +27,10 @@ import pytest
 import requests
 import yaml
 
-from filters.server import GRACE_SECONDS
-from gateway import envoy_config, kubernetes
-from gateway.cli import build_parser
-from gateway.policy import PolicyError, load_dir
-from gateway.supervisor import free_ports
+from gateway.control import envoy_config, kubernetes
+from gateway.control.cli import build_parser
+from gateway.control.supervisor import free_ports
+from gateway.policy import GRACE_SECONDS, PolicyError, load_dir
 from tests.harness import write_policies
 from tests.test_envoy_config import TOPO, assert_envoy_accepts, routes_of
 
