@@ -216,7 +216,10 @@ class Gateway:
         new_port = pair[1] if old_port == pair[0] else pair[0]
         self.workers[i] = self._spawn_worker(i, new_port)
         self.worker_ports[i] = new_port
-        self.render()
+        try:
+            self.render()
+        except (envoy_delivery.DeliveryError, OSError) as exc:
+            log.error("envoy did not take the moved worker endpoint: %s", exc)  # the wait below bounds the rest
         self._wait_endpoint_gone(old_port)
         old.terminate()
         self.retiring.append(old)
