@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml $(FRAME_STAMP)
 	touch $(STAMP)
 
 # Release build, pinned by Cargo.lock; rebuilt when the crate changes.
-$(FRAME_STAMP): $(FRAME)/Cargo.toml $(FRAME)/Cargo.lock $(FRAME)/pyproject.toml $(wildcard $(FRAME)/src/*.rs)
+$(FRAME_STAMP): $(FRAME)/Cargo.toml $(FRAME)/Cargo.lock $(FRAME)/pyproject.toml $(FRAME)/wsgate_frame.pyi $(wildcard $(FRAME)/src/*.rs)
 	@command -v cargo >/dev/null || { echo "cargo not found: the filter workers' frame needs a Rust toolchain (README)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -46,6 +46,9 @@ test: $(STAMP) $(WSS4J_JAR) lint
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	# The frame/engine contract: the compiled frame against its stub, the glue against the stub.
+	$(BIN)/python -m mypy.stubtest wsgate_frame --allowlist $(FRAME)/stubtest-allowlist.txt
+	$(BIN)/mypy filters/server.py
 	cd $(FRAME) && cargo fmt --check
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo clippy -q --release --locked -- -D warnings
 
