@@ -3,7 +3,15 @@
 //! `serve` runs Envoy's `ExternalProcessor` gRPC service on a single-threaded tokio runtime driven on the calling
 //! (the worker's main) thread with the GIL released; it re-takes the GIL only to call the worker: once per body
 //! phase (`handle`, the one call into the engine), per refusal (`refused`, and `replay_refused` when the replay
-//! check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready (`ready`). SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
+//! check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready (`ready`).
+//! SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
+//!
+//! The contract with the worker (filters/server.py) is typed: the classes here (`Table` with its `Route`s and
+//! `RenderedFault`s, `Answer`, `ReplayCheck`, `ReplayOutcome`), typed for Python in wsgate_frame.pyi. Its words,
+//! one meaning each across Rust and Python: an *exchange* is one HTTP request with its response (the frame takes
+//! it through its phases on one ext_proc `Stream`; the engine's record of it is `filters.pipeline.Exchange`); an
+//! exchange *in flight* is between its request body and its response body, and the worker's `InFlight` is what
+//! it keeps of it then (opaque here, handed back with the next body phase).
 
 mod answer;
 mod budget;
