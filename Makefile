@@ -67,7 +67,7 @@ certs: $(STAMP)
 	$(BIN)/wsgate certs init
 
 clean:
-	rm -rf run .pytest_cache .ruff_cache $(FRAME)/target $(WSS4J)/target
+	rm -rf run .pytest_cache .ruff_cache .mypy_cache $(FRAME)/target $(WSS4J)/target
 
 # The benchmark: its own gateway on free ports, every profile x size; prints the tables, writes loadtest/out/.
 # Needs Debian's wrk. BENCH_ARGS passes options, e.g. BENCH_ARGS="--profiles none,xml --sizes small".
