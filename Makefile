@@ -43,10 +43,11 @@ test: $(STAMP) $(WSS4J_JAR) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
 
+# Besides ruff and cargo: the frame/engine contract, the compiled frame against its stub (stubtest) and the glue
+# against the stub (mypy).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	# The frame/engine contract: the compiled frame against its stub, the glue against the stub.
 	$(BIN)/python -m mypy.stubtest wsgate_frame --allowlist $(FRAME)/stubtest-allowlist.txt
 	$(BIN)/mypy filters/server.py
 	cd $(FRAME) && cargo fmt --check
