@@ -314,16 +314,17 @@ def test_an_engine_bug_is_a_generic_fault_with_the_traceback_only_in_the_log(
 # Passes every message on, each with a replay check against a Redis that is not there; its `replay_refused` is
 # broken the other way: it too would pass the message on.
 PASSING_REFUSAL_WORKER = """
+import socket
 import sys
 import wsgate_frame
 from wsgate_frame import Answer, ReplayCheck
 from filters.server import FAULT_TABLE
-from gateway.supervisor import free_ports
 
-UNREACHABLE = f"redis://127.0.0.1:{free_ports(1)[0]}/0"
+with socket.socket() as s:  # a port nothing listens on
+    s.bind(("127.0.0.1", 0))
+    UNREACHABLE = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
 
 class PassingRefusal:
-    outcomes = []
     def handle(self, route, phase, body, headers, in_flight):
         return Answer.forward(None, [], None, ReplayCheck(UNREACHABLE, [(b"sig:a", 60_000)], b"wsgate:epoch", 1))
     def replay_refused(self, route, in_flight, outcome):
