@@ -1,0 +1,114 @@
+"""Work that may not take more than a CPU budget: `Bounded`, a child process forked from the worker that runs one
+function on bytes, and that the kernel kills when one call crosses its budget.
+
+Why a process: libxml2's XML Schema validation has no time limit and cannot be interrupted. Its regular
+expression matcher (pattern facets) and its content-model automata backtrack when they are ambiguous, e.g.
+`(a|aa)*`, `(\\w{1,10}\\s?)*` or a repeated sequence of a repeated element: each value or element may cost up to
+libxml2's own limit (10 million saved states, 0.1 to 0.5 s, more with many counters) and a message holds
+thousands. Neither a thread nor a signal handler can stop C code in the middle; the kernel can stop a process.
+
+The child arms ITIMER_PROF (its own user and system CPU) for each call, with the signal's default action
+(terminate): a call that crosses its budget ends the child within one scheduler tick (4 ms at HZ=250), whatever
+the work was doing. The parent sees the end of the socket, reaps the child, raises OverBudget, and forks a fresh
+child on the next call. A wall-clock cap (a stopped or starved child) ends with SIGKILL the same way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import weakref
+from collections.abc import Callable
+
+_HEADER = struct.Struct("!Id")  # payload length, budget in CPU seconds
+_REPLY = struct.Struct("!I")
+WALL_CAP_S = 30.0  # how long a call may wait for a child that uses no CPU (stopped, starved) before it is killed
+
+
+class OverBudget(Exception):
+    """The call used its CPU budget (or the wall-clock cap) and its child was killed."""
+
+
+class Bounded:
+    """`work(data) -> bytes` run in a child process, each call within a CPU budget.
+
+    The child is forked on first use (it inherits `work` and what it holds, e.g. a compiled schema, without
+    copying), and again after a call it was killed for. One call at a time: a worker's engine is synchronous."""
+
+    def __init__(self, work: Callable[[bytes], bytes]) -> None:
+        self.work = work
+        self._sock: socket.socket | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    def __call__(self, data: bytes, budget_s: float) -> bytes:
+        sock = self._sock or self._start()
+        try:
+            sock.settimeout(max(WALL_CAP_S, 10 * budget_s))
+            sock.sendall(_HEADER.pack(len(data), budget_s) + data)
+            (length,) = _REPLY.unpack(_receive(sock, _REPLY.size))
+            return _receive(sock, length)
+        except (OSError, EOFError):  # the child ended (its budget) or timed out: it is replaced
+            self.close()
+            raise OverBudget(f"over its CPU budget of {budget_s * 1000:.1f} ms") from None
+
+    def _start(self) -> socket.socket:
+        parent, child = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child: it never returns
+            try:
+                parent.close()
+                _serve(child, self.work)
+            finally:
+                os._exit(0)
+        child.close()
+        self._sock = parent
+        self._finalizer = weakref.finalize(self, _end, parent, pid)
+        return parent
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._sock = self._finalizer = None
+
+
+def _end(sock: socket.socket, pid: int) -> None:
+    """Close the child's socket (an idle child exits on it), make sure it is gone, and reap it."""
+    sock.close()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        pass
+
+
+def _receive(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _serve(sock: socket.socket, work: Callable[[bytes], bytes]) -> None:  # pragma: no cover - runs in the child
+    # Only this socket stays open (the worker's listener, Redis and log files are the worker's), and the signals
+    # a process group gets end the child as they would a plain process; SIGPROF ends it at its budget.
+    keep = sock.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+    for sig in (signal.SIGPROF, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    sock.settimeout(None)
+    while True:
+        try:
+            length, budget_s = _HEADER.unpack(_receive(sock, _HEADER.size))
+            data = _receive(sock, length)
+        except (OSError, EOFError):
+            return  # the worker closed its end or ended
+        signal.setitimer(signal.ITIMER_PROF, budget_s)
+        out = work(data)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        sock.sendall(_REPLY.pack(len(out)) + out)
