@@ -14,16 +14,19 @@ child on the next call. A wall-clock cap (a stopped or starved child) ends with 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import struct
+import time
 import weakref
 from collections.abc import Callable
 
 _HEADER = struct.Struct("!Id")  # payload length, budget in CPU seconds
 _REPLY = struct.Struct("!I")
 WALL_CAP_S = 30.0  # how long a call may wait for a child that uses no CPU (stopped, starved) before it is killed
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class OverBudget(Exception):
@@ -39,7 +42,9 @@ class Bounded:
     def __init__(self, work: Callable[[bytes], bytes]) -> None:
         self.work = work
         self._sock: socket.socket | None = None
+        self._pid = 0
         self._finalizer: weakref.finalize | None = None
+        self._ended = [0.0]  # the CPU seconds of the children that ended (loadtest/hostile.py counts them)
 
     def __call__(self, data: bytes, budget_s: float) -> bytes:
         sock = self._sock or self._start()
@@ -62,22 +67,31 @@ class Bounded:
             finally:
                 os._exit(0)
         child.close()
-        self._sock = parent
-        self._finalizer = weakref.finalize(self, _end, parent, pid)
+        self._sock, self._pid = parent, pid
+        self._finalizer = weakref.finalize(self, _end, parent, pid, self._ended)
         return parent
+
+    def cpu_seconds(self) -> float:
+        """The CPU its children used: those that ended, and the one running (its CPU clock, to the ns)."""
+        clock = ctypes.c_int()
+        if not self._pid or _LIBC.clock_getcpuclockid(self._pid, ctypes.byref(clock)):
+            return self._ended[0]
+        return self._ended[0] + time.clock_gettime(clock.value)
 
     def close(self) -> None:
         if self._finalizer is not None:
             self._finalizer()
         self._sock = self._finalizer = None
+        self._pid = 0
 
 
-def _end(sock: socket.socket, pid: int) -> None:
-    """Close the child's socket (an idle child exits on it), make sure it is gone, and reap it."""
+def _end(sock: socket.socket, pid: int, ended: list[float]) -> None:
+    """Close the child's socket (an idle child exits on it), make sure it is gone, reap it and count its CPU."""
     sock.close()
     try:
         os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        _, _, usage = os.wait4(pid, 0)
+        ended[0] += usage.ru_utime + usage.ru_stime
     except (ChildProcessError, ProcessLookupError):
         pass
 
