@@ -15,6 +15,7 @@ child on the next call. A wall-clock cap (a stopped or starved child) ends with 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -110,6 +111,7 @@ def _receive(sock: socket.socket, n: int) -> bytes:
 def _serve(sock: socket.socket, work: Callable[[bytes], bytes]) -> None:  # pragma: no cover - runs in the child
     # Only this socket stays open (the worker's listener, Redis and log files are the worker's), and the signals
     # a process group gets end the child as they would a plain process; SIGPROF ends it at its budget.
+    gc.freeze()  # collections leave the worker's objects alone: writing their headers would copy every shared page
     keep = sock.fileno()
     os.closerange(3, keep)
     os.closerange(keep + 1, 1 << 16)
