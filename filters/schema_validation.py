@@ -10,9 +10,10 @@ the schema cannot see (the only one WS-Security needs, the signed Body's wsu:Id,
 header before validation: filters/wssecurity.py). Requests are validated after their security is processed,
 responses before they are secured.
 
-libxml2 validates in a child process under a CPU budget (filters/cpu_budget.py): its pattern and content-model
-matching backtracks on ambiguous schemas, without a limit of its own that bounds a message. A message over its
-budget gets the same fault as an invalid one."""
+libxml2's pattern and content-model matching backtracks on ambiguous schemas, without a limit of its own that
+bounds a message. Where a schema is in the class it matches in linear time (filters/xsd_patterns.py `nonlinear`),
+libxml2 validates in the worker; any other schema is validated in a child process under a CPU budget
+(filters/cpu_budget.py), and a message over its budget gets the same fault as an invalid one."""
 
 from __future__ import annotations
 
@@ -79,7 +80,9 @@ class PayloadSchema:
         if not sources:
             raise wsdl.DocumentError("no schema to validate against: the WSDL has no types and no xsd_files")
         self.schema = self._compile(sources)
-        self.bounded = Bounded(self._validate)
+        # Where libxml2 cannot backtrack it validates in the worker; elsewhere in a child under a CPU budget.
+        self.nonlinear = xsd_patterns.nonlinear(etree.fromstring(d, _PARSER) for d in self.documents.values())
+        self.bounded = Bounded(self._validate) if self.nonlinear else None
 
     def _add(self, doc: wsdl.Document, keys: list[str], key: str, sources: list[_Source]) -> None:
         """Register `doc` under `key` with its references rewritten to keys; a WSDL's inline schemas are sources."""
@@ -128,27 +131,34 @@ class PayloadSchema:
                 self._refuse(request, f"attribute {next(iter(el.attrib))[:120]} on {etree.QName(el).localname}")
         if not any(isinstance(c.tag, str) for c in body):
             return
-        data = etree.tostring(body)  # with every namespace in scope: QName values keep their prefixes
-        try:
-            detail = self.bounded(data, (self.cpu_ms + self.cpu_ms_per_mb * len(data) / 1e6) / 1000).decode()
-        except OverBudget as exc:
-            detail = f"validation {exc}"
+        if self.bounded is None:
+            detail = self._first_error(body)
+        else:
+            data = etree.tostring(body)  # with every namespace in scope: QName values keep their prefixes
+            try:
+                detail = self.bounded(data, (self.cpu_ms + self.cpu_ms_per_mb * len(data) / 1e6) / 1000).decode()
+            except OverBudget as exc:
+                detail = f"validation {exc}"
         if detail:
             self._refuse(request, detail)
 
     def _validate(self, data: bytes) -> bytes:
-        """In the child: the first error of the Body's element children, or b"" when they are all valid."""
-        for payload in etree.fromstring(data, _PARSER):
+        """In the child: `_first_error` of the Body it was sent."""
+        return self._first_error(etree.fromstring(data, _PARSER)).encode()
+
+    def _first_error(self, body: etree._Element) -> str:
+        """The first error of the Body's element children, or "" when they are all valid."""
+        for payload in body:
             if not isinstance(payload.tag, str):
                 continue
             try:
                 if self.schema(payload):
                     continue
             except etree.XMLSchemaValidateError:  # libxml2 gave up (its own backtracking limit): invalid
-                return b"matching gave up: over libxml2's internal limit"
+                return "matching gave up: over libxml2's internal limit"
             error = self.schema.error_log.last_error
-            return (f"line {error.line}: {_redacted(error.message)}" if error else "invalid").encode()
-        return b""
+            return f"line {error.line}: {_redacted(error.message)}" if error else "invalid"
+        return ""
 
     @staticmethod
     def _refuse(request: bool, detail: str) -> NoReturn:

@@ -1,18 +1,26 @@
-"""Which `xs:pattern` facets can make libxml2's matcher backtrack: the warnings of `wsgate check` and `wsgate
-import --validate`. Advisory only: the bound on validation time is the CPU budget (filters/cpu_budget.py), which
-holds whatever a pattern is.
+"""What libxml2 may match in more than linear time in a schema: `nonlinear` (which decides where validation runs,
+filters/schema_validation.py) and `warnings` (what `wsgate check` and `wsgate import --validate` print).
 
-The test is the well-known static one for ambiguity, kept simple:
+`linear(pattern)`: the class libxml2 matches in linear time, kept narrow so it is sound: no group, and no piece of
+varying length followed by a piece that can begin like it (at each character there is one way on, nothing to
+go back to). `nonlinear(schema documents)`: a pattern outside that class, a repeated model group (counters nested
+in one content model backtrack), or an identity constraint. Such schemas are validated under a CPU budget.
+
+`backtracking(pattern)`, the warning, is the well-known static test for exponential ambiguity, kept simple:
 - a nested quantifier: a group repeated more than once that holds a piece itself repeated (`(a+)*`,
   `(\\w{1,10}\\s?)*`, `(a{1,5}){1,20}`);
 - an ambiguous alternation under a repetition: two branches of a repeated group that can begin with the same
   character (`(a|aa)*`, `(a|b|ab)*`, `(\\d|[0-9a-f])+`).
-Character classes are compared by their ranges; a class with an escape like \\d, \\w or \\p{..}, a negation or a
-subtraction counts as any character (a warning too many, never one too few for these two shapes). Not caught:
-adjacent repeated pieces that overlap (`[a-z]+[a-z0-9]*`: polynomial, not exponential)."""
+Not warned (the budget covers them): overlapping adjacent pieces (`[a-z]+[a-z0-9]*`: polynomial).
+
+Character classes are compared by their ranges (\\d as 0-9 and all of non-ASCII, \\s as its four characters);
+another escape (\\w, \\p{..}...), a negation or a subtraction counts as any character: a warning too many, a
+schema sent to the budget too many, never one too few."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,13 +32,23 @@ ANY = None  # a first-character set that may hold anything
 Chars = list[tuple[str, str]] | None  # inclusive ranges, or ANY
 _SINGLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t"}
 _MULTI_ESCAPES = set("sSiIcCdDwWpP")
+# Supersets of two escapes, enough to tell them apart from ASCII punctuation: \d is Unicode Nd, \s exactly these.
+_ESCAPE_SETS: dict[str, list[tuple[str, str]]] = {
+    "d": [("0", "9"), ("\x80", "\U0010ffff")],
+    "s": [(" ", " "), ("\t", "\t"), ("\n", "\n"), ("\r", "\r")],
+}
 
 
 @dataclass
 class _Piece:
     first: Chars  # the characters the piece can begin with
-    repeated: bool  # its quantifier allows more than one
+    low: int  # its quantifier's bounds (1, 1 without one)
+    high: float
     group: _Alt | None = None
+
+    @property
+    def repeated(self) -> bool:
+        return self.high > 1
 
 
 @dataclass
@@ -74,14 +92,14 @@ class _Parser:
             if e in _MULTI_ESCAPES:
                 if e in "pP" and self.peek() == "{":
                     self.i = self.text.index("}", self.i) + 1
-                first = ANY
+                first = _ESCAPE_SETS.get(e, ANY)
             else:
                 first = [(_SINGLE_ESCAPES.get(e, e),) * 2]
         elif c == ".":
             first = ANY
         else:
             first = [(c, c)]
-        return _Piece(first, self.quantifier(), group)
+        return _Piece(first, *self.quantifier(), group)
 
     def char_class(self) -> Chars:
         ranges: Chars = []
@@ -92,7 +110,9 @@ class _Parser:
             c = self.take()
             if c == "\\":
                 e = self.take()
-                if e in _MULTI_ESCAPES:
+                if e in _ESCAPE_SETS and ranges is not ANY:
+                    ranges.extend(_ESCAPE_SETS[e])
+                elif e in _MULTI_ESCAPES:
                     ranges = ANY
                 elif ranges is not ANY:
                     ranges.append((_SINGLE_ESCAPES.get(e, e),) * 2)
@@ -110,20 +130,17 @@ class _Parser:
                     ranges.append((c, c))
         return ranges
 
-    def quantifier(self) -> bool:
+    def quantifier(self) -> tuple[int, float]:
         c = self.peek()
-        if c in ("*", "+"):
+        if c in ("*", "+", "?"):
             self.take()
-            return True
-        if c == "?":
-            self.take()
-            return False
+            return {"*": (0, math.inf), "+": (1, math.inf), "?": (0, 1)}[c]
         if c == "{":
             end = self.text.index("}", self.i)
             body, self.i = self.text[self.i + 1 : end], end + 1
             low, comma, high = body.partition(",")
-            return float((high.strip() or "inf") if comma else low) > 1
-        return False
+            return int(low), float((high.strip() or "inf") if comma else low)
+        return 1, 1
 
 
 def _first(branch: list[_Piece]) -> Chars:
@@ -183,3 +200,48 @@ def warnings(root: etree._Element, path: Path) -> list[str]:
                 f"{path.name}: {kind} {name}: pattern {facet.get('value')!r} can backtrack: {', '.join(reasons)}"
             )
     return out
+
+
+def linear(pattern: str) -> bool:
+    """Whether libxml2 matches `pattern` in time linear in the value, whatever the value: no group, and no piece
+    of varying length followed by one that can begin like it (nothing to go back to: at each character one way
+    on). A top-level alternation of such branches costs at most one linear match per branch."""
+    try:
+        alt = _Parser(pattern).alternation()
+    except (ValueError, IndexError):
+        return False
+    for branch in alt.branches:
+        for i, piece in enumerate(branch):
+            if piece.group is not None:
+                return False
+            if piece.low == piece.high:
+                continue
+            follow: list[Chars] = []
+            for after in branch[i + 1 :]:
+                follow.append(after.first)
+                if after.low > 0:
+                    break
+            if _overlap(piece.first, _union(follow)):
+                return False
+    return True
+
+
+_XS = f"{{{ns.XSD}}}"
+_GROUPS = (_XS + "sequence", _XS + "choice", _XS + "group")
+_IDENTITY = (_XS + "unique", _XS + "key", _XS + "keyref")
+
+
+def nonlinear(roots: Iterable[etree._Element]) -> str | None:
+    """Why libxml2 may validate against these schema documents in more than linear time, or None when it cannot:
+    every pattern facet `linear`, no repeated model group (counters nested in one content model backtrack: a
+    repeated sequence of a repeated element), no identity constraint (its key tables compare pairwise)."""
+    for root in roots:
+        for el in root.iter(_GROUPS):
+            if el.get("maxOccurs", "1") not in ("0", "1") or el.get("minOccurs", "1") not in ("0", "1"):
+                return f"a repeated {etree.QName(el).localname} (line {el.sourceline})"
+        for el in root.iter(_IDENTITY):
+            return f"an identity constraint {etree.QName(el).localname} (line {el.sourceline})"
+        for facet in root.iter(_XS + "pattern"):
+            if not linear(facet.get("value", "")):
+                return f"pattern {facet.get('value', '')[:80]!r}"
+    return None

@@ -144,7 +144,9 @@ def routes(certs: Path) -> dict[str, Route]:
 
 def _cpu(pipeline: RoutePipeline) -> float:
     """The gateway's CPU: this process's, and its schema validator's (a child process: filters/cpu_budget.py)."""
-    return time.process_time() + (pipeline.schema.bounded.cpu_seconds() if pipeline.schema else 0.0)
+    return time.process_time() + (
+        pipeline.schema.bounded.cpu_seconds() if pipeline.schema and pipeline.schema.bounded else 0.0
+    )
 
 
 class Cost(NamedTuple):

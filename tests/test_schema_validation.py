@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 
 from filters import cpu_budget, faults, ns, schema_validation, wsdl, xsd_patterns
 from filters.engine import Exchange, build_pipeline
+from filters.schema_validation import PayloadSchema
 from gateway.policy import PolicyError, Route, load_dir
 from tests.harness import LoopbackHttp, content_type, envelope, received, running_gateway, write_policies
 from tests.wss_helpers import DEMO, client_for, echo, route_doc
@@ -351,6 +352,70 @@ def test_backtracking_pattern_is_warned(pattern: str) -> None:
 @pytest.mark.parametrize("pattern", NOT_WARNED)
 def test_unambiguous_pattern_is_not_warned(pattern: str) -> None:
     assert xsd_patterns.backtracking(pattern) == []
+
+
+# In the class libxml2 matches in linear time (validated in the worker): with the value that would make a
+# backtracking matcher try every split.
+LINEAR = {"[A-Z]{3}[0-9]{4}": "A" * 200_000, "[0-9]{8}x+": "12345678" + "x" * 200_000 + "!",
+          "a{1,1000}b": "a" * 200_000, "\\d{1,5}-\\d{1,5}": "1" * 200_000, "[a-z]*[0-9]*": "a" * 100_000 + "1" * 100_000 + "a",
+          "[a-z]{2,}@[0-9]+": "a" * 100_000 + "@" + "1" * 100_000 + "a", ".{1,300000}": "x" * 200_000,
+          "abc|abd|a*": "a" * 200_000 + "b"}  # fmt: skip
+NONLINEAR = [*WARNED, "[a-z]+[a-z0-9]*", "[a-z]*[a-z]*x", "(ab)+", "a{0,5}a{0,5}"]
+
+
+@pytest.mark.parametrize("pattern", list(LINEAR))
+def test_linear_pattern_validated_in_the_worker_takes_linear_time(pattern: str) -> None:
+    assert xsd_patterns.linear(pattern)
+    schema = etree.XMLSchema(etree.fromstring(
+        f'<xs:schema xmlns:xs="{ns.XSD}"><xs:element name="v"><xs:simpleType><xs:restriction base="xs:string">'
+        f'<xs:pattern value="{pattern}"/></xs:restriction></xs:simpleType></xs:element></xs:schema>'))  # fmt: skip
+    value = etree.fromstring(f"<v>{LINEAR[pattern]}</v>")
+    started = time.process_time()
+    schema(value)
+    assert time.process_time() - started < 0.1  # 200,000 characters: about 5 ms; backtracking: its 0.2-0.5 s limit
+
+
+@pytest.mark.parametrize("pattern", NONLINEAR)
+def test_backtracking_pattern_sends_validation_to_the_budgeted_child(tmp_path: Path, pattern: str) -> None:
+    assert not xsd_patterns.linear(pattern)
+    schema = PayloadSchema(None, [wsdl.load(_xsd_file(tmp_path, f'<xs:simpleType name="T"><xs:restriction '
+                                                           f'base="xs:string"><xs:pattern value="{pattern}"/>'
+                                                           "</xs:restriction></xs:simpleType>"))])  # fmt: skip
+    assert schema.bounded is not None and "pattern" in (schema.nonlinear or "")
+
+
+MODELS = {
+    "repeated-sequence": '<xs:complexType name="C"><xs:sequence maxOccurs="9"><xs:element name="a"/></xs:sequence>'
+    "</xs:complexType>",
+    "repeated-choice": '<xs:complexType name="C"><xs:choice minOccurs="2" maxOccurs="2"><xs:element name="a"/>'
+    "</xs:choice></xs:complexType>",
+    "repeated-group-ref": '<xs:group name="G"><xs:sequence><xs:element name="a" maxOccurs="3"/></xs:sequence>'
+    '</xs:group><xs:complexType name="C"><xs:sequence><xs:group ref="t:G" maxOccurs="unbounded"/></xs:sequence>'
+    "</xs:complexType>",
+    "identity-constraint": '<xs:element name="e"><xs:complexType><xs:sequence><xs:element name="a" '
+    'maxOccurs="unbounded"/></xs:sequence></xs:complexType><xs:unique name="u"><xs:selector xpath="a"/>'
+    '<xs:field xpath="."/></xs:unique></xs:element>',
+}
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_backtracking_content_model_sends_validation_to_the_budgeted_child(tmp_path: Path, kind: str) -> None:
+    schema = PayloadSchema(None, [wsdl.load(_xsd_file(tmp_path, MODELS[kind]))])
+    assert schema.bounded is not None, kind
+
+
+def test_linear_schemas_validate_in_the_worker() -> None:
+    """The common case keeps its cost: no child, no copy of the payload."""
+    for source in (ECHO_WSDL, Path(__file__).parent / "wsdl" / "demo-asymmetric.wsdl"):
+        schema = PayloadSchema(wsdl.load(source), [])
+        assert schema.nonlinear is None and schema.bounded is None
+
+
+def _xsd_file(tmp: Path, body: str) -> Path:
+    (tmp / "s.xsd").write_text(
+        f'<xs:schema xmlns:xs="{ns.XSD}" xmlns:t="urn:t" targetNamespace="urn:t">{body}</xs:schema>'
+    )
+    return tmp / "s.xsd"
 
 
 def test_backtracking_pattern_named_by_wsgate_check_and_import(tmp_path: Path) -> None:
