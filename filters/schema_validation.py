@@ -32,7 +32,8 @@ from gateway.policy import Route
 
 ROOT_NS = "urn:wsgate:schema-validation"
 _XS = f"{{{ns.XSD}}}"
-# The child's parser: the worker's parse already enforced the route's limits on these bytes.
+# Re-reads our own bytes: schema documents at load, and the Body a child is sent (whose parse in the worker
+# already enforced the route's limits).
 _PARSER = xmlsupport.parser(collect_ids=False, huge_tree=True)
 _RPC = etree.XPath(
     "//soap:binding[@style='rpc'] | //soap:operation[@style='rpc'] | //soap12:binding[@style='rpc']"
