@@ -24,12 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
-from filters import faults
-from filters.engine import Exchange, RoutePipeline, build_pipeline
-from filters.replay import MemoryReplayCache
-from gateway import demo_backend
-from gateway.client import Client, ClientConfig
+from filters.engine import faults
+from filters.engine.engine import Exchange, RoutePipeline, build_pipeline
+from filters.stores.factory import RouteStores
+from filters.stores.replay import MemoryReplayCache
 from gateway.policy import Limits, Route
+from gateway.tools import demo_backend
+from gateway.tools.client import Client, ClientConfig
 
 DEMO = "urn:wsgate:demo"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
@@ -105,7 +106,7 @@ SHAPES: dict[str, Shape] = {
 # Shapes whose Body is changed after signing: the direct digest fails and xmlsec's verification runs.
 TAMPERED = {"the same as deep with 20 namespaces, Body changed after signing"}
 # The `xml-schema` route (loadtest/hostile-schema.xsd): a value or element every 100 bytes or so that makes
-# libxml2's matching backtrack, each up to its own limit without the CPU budget (filters/cpu_budget.py).
+# libxml2's matching backtrack, each up to its own limit without the CPU budget (filters/engine/cpu_budget.py).
 SCHEMA_SHAPES: dict[str, Shape] = {
     "plain": SHAPES["plain"],
     "ambiguous alternation pattern (aa or a, repeated), a value per 100 bytes": lambda size: (
@@ -143,7 +144,7 @@ def routes(certs: Path) -> dict[str, Route]:
 
 
 def _cpu(pipeline: RoutePipeline) -> float:
-    """The gateway's CPU: this process's, and its schema validator's (a child process: filters/cpu_budget.py)."""
+    """The gateway's CPU: this process's, and its schema validator's (a child process: filters/engine/cpu_budget.py)."""
     return time.process_time() + (
         pipeline.schema.bounded.cpu_seconds() if pipeline.schema and pipeline.schema.bounded else 0.0
     )
@@ -193,7 +194,7 @@ def rows(certs: Path, size: int, count: int, only: list[str] | None = None) -> l
     for profile, route in routes(certs).items():
         if only and profile not in only:
             continue
-        pipeline = build_pipeline(route)
+        pipeline = build_pipeline(route, RouteStores())
         if route.profile == "xml":
             secure: Callable[[bytes], bytes] = lambda body: body  # noqa: E731
         else:

@@ -1,0 +1,161 @@
+"""WS-SecurityPolicy 1.2 (WS-Policy 1.5) for a published WSDL: what the gateway enforces towards clients.
+
+The `hmac`, `rsa` and `secureconversation` profiles take the WS-Security header off before the backend sees the
+message, so whatever policy the backend's WSDL states describes a hop clients never talk to: it is removed and the
+route's own policy put in its place, referenced from every SOAP binding. `tls` adds a TransportBinding when the
+WSDL states no policy (the message itself reaches the backend as sent, so a policy it states still holds);
+`none` and `xml` publish the WSDL's policy as it is.
+
+Modest on purpose (docs/interop.md "The published WSDL"): the bindings, tokens, timestamp, signed and encrypted Body,
+supporting UsernameTokens and an algorithm suite. Left out: AES-GCM (no SP 1.2 suite names it: the suite named is
+the CBC one of the same key size and digest), pre-shared keys named by ds:KeyName (no SP token describes them),
+the accepted algorithm lists beyond the first, per-operation policies and response-side encryption assertions."""
+
+from __future__ import annotations
+
+from lxml import etree
+
+from filters.engine import ns
+from gateway.policy import Route
+
+SOAP_BINDINGS = (ns.q(ns.WSDL_SOAP11, "binding"), ns.q(ns.WSDL_SOAP12, "binding"))
+_INCLUDE = f"{ns.SP12}/IncludeToken/"
+_REPLACED = ("hmac", "rsa", "secureconversation")
+
+
+def rewrite(definitions: etree._Element, route: Route) -> None:
+    """Put the route's client-facing policy into a WSDL document (a copy: it is changed in place)."""
+    if route.profile in _REPLACED:
+        _strip(definitions)
+    elif route.profile != "tls" or _has_policy(definitions):
+        return
+    bindings = [b for b in definitions.iterfind(f"{{{ns.WSDL}}}binding") if _soap_binding(b)]
+    if not bindings:
+        return
+    policy_id = f"WSGate-{route.name}"
+    policy = etree.Element(
+        f"{{{ns.WSP}}}Policy", {f"{{{ns.WSU}}}Id": policy_id}, nsmap={"wsp": ns.WSP, "sp": ns.SP12, "wsu": ns.WSU}
+    )
+    policy.append(_element("wsp:ExactlyOne", {}, [_all(route)]))
+    etree.cleanup_namespaces(policy)
+    documentation = definitions.find(f"{{{ns.WSDL}}}documentation")
+    definitions.insert(0 if documentation is None else definitions.index(documentation) + 1, policy)
+    for binding in bindings:
+        doc = binding.find(f"{{{ns.WSDL}}}documentation")
+        binding.insert(
+            0 if doc is None else binding.index(doc) + 1, _element("wsp:PolicyReference", {"URI": f"#{policy_id}"})
+        )
+
+
+def _has_policy(root: etree._Element) -> bool:
+    return any(
+        el.tag.startswith((f"{{{ns.WSP}}}", f"{{{ns.WSP_2004}}}")) for el in root.iter() if isinstance(el.tag, str)
+    )
+
+
+def _strip(root: etree._Element) -> None:
+    """Every WS-Policy element and PolicyURIs attribute, both WS-Policy versions."""
+    for el in [
+        e for e in root.iter() if isinstance(e.tag, str) and e.tag.startswith((f"{{{ns.WSP}}}", f"{{{ns.WSP_2004}}}"))
+    ]:
+        parent = el.getparent()
+        if parent is not None:
+            parent.remove(el)
+    for el in root.iter():
+        for name in [a for a in el.attrib if a in (f"{{{ns.WSP}}}PolicyURIs", f"{{{ns.WSP_2004}}}PolicyURIs")]:
+            del el.attrib[name]
+
+
+def _soap_binding(binding: etree._Element) -> bool:
+    return any(binding.find(tag) is not None for tag in SOAP_BINDINGS)
+
+
+def _all(route: Route) -> etree._Element:
+    """The one alternative the route accepts."""
+    if route.profile == "tls":
+        https = _nested(
+            "sp:HttpsToken", [_element("sp:RequireClientCertificate")] if route.tls.require_client_certificate else []
+        )
+        binding = _nested("sp:TransportBinding", [_nested("sp:TransportToken", [https]), _suite(route), _layout()])
+        return _element("wsp:All", {}, [binding])
+    parts = [_binding(route), _wss(route), *_protected_parts(route), *_supporting(route)]
+    return _element("wsp:All", {}, parts)
+
+
+def _binding(route: Route) -> etree._Element:
+    timestamp = [_element("sp:IncludeTimestamp")] if route.timestamp.required else []
+    common = [_suite(route), _layout(), *timestamp, _element("sp:OnlySignEntireHeadersAndBody")]
+    if route.profile == "rsa":
+        return _nested("sp:AsymmetricBinding", [
+            _nested("sp:InitiatorToken", [_x509("AlwaysToRecipient")]),
+            _nested("sp:RecipientToken", [_x509("Never")]),
+            *common,
+        ])  # fmt: skip
+    if route.profile == "hmac":
+        return _nested("sp:SymmetricBinding", [_nested("sp:ProtectionToken", [_x509("Never")]), *common])
+    bootstrap = _nested("sp:BootstrapPolicy", [_binding(route.model_copy(update={"profile": "rsa"})), _wss(route)])
+    sct = _element("sp:SecureConversationToken", {f"{{{ns.SP12}}}IncludeToken": _INCLUDE + "AlwaysToRecipient"},
+                   [_element("wsp:Policy", {}, [bootstrap])])  # fmt: skip
+    return _nested("sp:SymmetricBinding", [_nested("sp:ProtectionToken", [sct]), *common])
+
+
+def _x509(include: str) -> etree._Element:
+    token = _element("sp:X509Token", {f"{{{ns.SP12}}}IncludeToken": _INCLUDE + include},
+                     [_element("wsp:Policy", {}, [_element("sp:WssX509V3Token10")])])  # fmt: skip
+    return token
+
+
+def _suite(route: Route) -> etree._Element:
+    size = 128 if route.encryption.data_algorithms[0].startswith("aes128") else 256
+    name = f"Basic{size}" + ("Sha256" if route.signature.digests[0] == "sha256" else "")
+    return _nested("sp:AlgorithmSuite", [_element(f"sp:{name}")])
+
+
+def _layout() -> etree._Element:
+    return _nested("sp:Layout", [_element("sp:Lax")])
+
+
+def _wss(route: Route) -> etree._Element:
+    refs = ["MustSupportRefKeyIdentifier", "MustSupportRefIssuerSerial", "MustSupportRefThumbprint"]
+    if route.profile != "rsa":
+        refs.append("MustSupportRefEncryptedKey")
+    return _nested("sp:Wss11", [_element(f"sp:{r}") for r in refs])
+
+
+def _protected_parts(route: Route) -> list[etree._Element]:
+    signed = [_element("sp:Body")]
+    if "addressing" in route.signature.parts:
+        signed.append(_element("sp:Header", {"Namespace": ns.WSA}))
+    parts = [_element("sp:SignedParts", {}, signed)]
+    if route.encryption.require_request:
+        parts.append(_element("sp:EncryptedParts", {}, [_element("sp:Body")]))
+    return parts
+
+
+def _supporting(route: Route) -> list[etree._Element]:
+    ut = route.username_token
+    if not (route.accepts_username_tokens and ut.required):
+        return []
+    token = _element("sp:UsernameToken", {f"{{{ns.SP12}}}IncludeToken": _INCLUDE + "AlwaysToRecipient"},
+                     [_element("wsp:Policy", {}, [_element("sp:WssUsernameToken10")])])  # fmt: skip
+    kind = "sp:SignedEncryptedSupportingTokens" if ut.protection == "encrypted" else "sp:SignedSupportingTokens"
+    if "username_token" not in route.signature.parts:
+        kind = "sp:EncryptedSupportingTokens" if ut.protection == "encrypted" else "sp:SupportingTokens"
+    return [_nested(kind, [token])]
+
+
+_NS = {"wsp": ns.WSP, "sp": ns.SP12}
+
+
+def _element(
+    qname: str, attrib: dict[str, str] | None = None, children: list[etree._Element] | None = None
+) -> etree._Element:
+    prefix, local = qname.split(":")
+    el = etree.Element(f"{{{_NS[prefix]}}}{local}", attrib or {}, nsmap={prefix: _NS[prefix]})
+    el.extend(children or [])
+    return el
+
+
+def _nested(qname: str, children: list[etree._Element]) -> etree._Element:
+    """An assertion with a nested policy: <sp:X><wsp:Policy>children</wsp:Policy></sp:X>."""
+    return _element(qname, {}, [_element("wsp:Policy", {}, children)])
