@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,11 +141,14 @@ def build_base(key: str) -> None:
     ]
     changes = ['CMD ["bash"]', f"LABEL {LABEL}={key}"]
     importer = ["docker", "import", *(a for c in changes for a in ("--change", c)), "-", BASE]
-    with subprocess.Popen(debootstrap, stdout=subprocess.PIPE) as rootfs:
-        subprocess.run(importer, stdin=rootfs.stdout, check=True, stdout=subprocess.DEVNULL)
-        rootfs.stdout.close()
-    if rootfs.returncode != 0:
-        raise RuntimeError(f"mmdebstrap failed ({rootfs.returncode})")
+    with tempfile.TemporaryFile() as log:
+        with subprocess.Popen(debootstrap, stdout=subprocess.PIPE, stderr=log) as rootfs:
+            assert rootfs.stdout is not None
+            subprocess.run(importer, stdin=rootfs.stdout, check=True, stdout=subprocess.DEVNULL)
+            rootfs.stdout.close()
+        if rootfs.returncode != 0:
+            log.seek(0)
+            raise RuntimeError(f"mmdebstrap failed ({rootfs.returncode}):\n{log.read().decode()[-4000:]}")
 
 
 def image_key(name: str, keys: dict[str, str]) -> str:
