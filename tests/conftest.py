@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from certs import pki as pki_mod
-from tests.harness import start_redis, stop
+from tests.support.harness import start_redis, stop
 
 
 @pytest.fixture(scope="session")
