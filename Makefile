@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
 PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: run test lint format check render certs clean bench soak load wss4j
+.PHONY: run test test-fast lint format check render certs clean bench soak load wss4j
 
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
@@ -42,6 +42,10 @@ run: $(STAMP)
 test: $(STAMP) $(WSS4J_JAR) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
+
+# The fast lane: tests/unit (the engine, the model, the tools in process; markers by folder, tests/conftest.py).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "unit and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

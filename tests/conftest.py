@@ -1,4 +1,5 @@
-"""Shared fixtures: one demo PKI per test session (real keys, made with certs.pki), Redis, the client's clock."""
+"""Shared fixtures: one demo PKI per test session (real keys, made with certs.pki), Redis, the client's clock, the
+lanes (a marker per folder)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,18 @@ def client_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]
         monkeypatch.setattr("gateway.tools.client.datetime", Shifted)
 
     return shift
+
+
+# Each folder is a lane (markers registered in pyproject.toml); a test file outside them would escape every lane.
+LANES = {"unit": "unit", "threats": "threat", "e2e": "e2e", "interop": "interop"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if not item.path.is_relative_to(here):
+            continue
+        folder = item.path.relative_to(here).parts[0]
+        if folder not in LANES:
+            raise pytest.UsageError(f"{item.nodeid}: a test file belongs in one of tests/{{{','.join(LANES)}}}/")
+        item.add_marker(LANES[folder])

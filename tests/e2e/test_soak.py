@@ -8,7 +8,11 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+
 from loadtest import soak
+
+pytestmark = pytest.mark.slow  # 20 s of load
 
 
 def test_under_load_a_worker_kill_and_a_redis_kill_lose_nothing_and_reopen_no_replay(tmp_path: Path, pki: Path) -> None:

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
@@ -281,6 +283,7 @@ def check_links(name: str, text: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # seconds: kept out of make test-fast
 def test_every_command_and_link_in_the_docs_still_works() -> None:
     found = []
     for path in DOCS:
@@ -304,6 +307,7 @@ def test_every_document_in_docs_is_linked_from_the_readme() -> None:
     assert [p for p in DOCS[1:] if p.resolve() not in linked] == []
 
 
+@pytest.mark.slow  # seconds: kept out of make test-fast
 def test_stale_commands_and_links_are_caught() -> None:
     """Each kind of staleness the docs could hold, in a document of its own, is reported."""
     stale = {

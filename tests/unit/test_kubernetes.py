@@ -284,6 +284,7 @@ def started_filter(
         yield started
 
 
+@pytest.mark.slow  # seconds: kept out of make test-fast
 def test_filter_pod_starts_on_only_its_config_map_and_secret(
     started_filter: tuple[subprocess.Popen[bytes], int],
 ) -> None:
@@ -293,6 +294,7 @@ def test_filter_pod_starts_on_only_its_config_map_and_secret(
     assert requests.get(f"http://127.0.0.1:{metrics}/metrics", timeout=5).status_code == 200  # the liveness probe
 
 
+@pytest.mark.slow  # seconds: kept out of make test-fast
 def test_a_routes_wsdl_and_every_document_it_imports_reach_the_filter_pods(
     pki: Path, redis_server: str, tmp_path: Path
 ) -> None:
@@ -553,6 +555,7 @@ def rendered_names(out: Path, component: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow  # seconds: kept out of make test-fast
 def test_a_policy_change_rolls_the_filters_and_envoy_and_no_change_rolls_nothing(tmp_path: Path) -> None:
     """Content-addressed ConfigMaps: the pod templates change exactly when what the pods read changes."""
     policies = tmp_path / "policies"

@@ -888,6 +888,7 @@ def test_other_spelling_of_a_cancelled_identifier_is_refused(master_keys: Path) 
             store.lookup(f"{head}:{variant}", V, NOW)
 
 
+@pytest.mark.slow  # seconds: kept out of make test-fast
 def test_sealed_store_keeps_no_state_per_context(master_keys: Path) -> None:
     store = sealed(master_keys)
     tracemalloc.start()
