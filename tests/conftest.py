@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from certs import pki as pki_mod
-from tests.support.harness import start_redis, stop
+from tests.support.harness import GatewayFactory, start_redis, stop
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +26,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc, url = start_redis(tmp_path_factory.mktemp("redis"))
     yield url
     stop(proc)
+
+
+@pytest.fixture
+def gateway(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[GatewayFactory]:
+    """Start gateways for one test: `gw = gateway(["rsa", "hmac"]); gw.post("rsa", body)` (tests/support/harness.py)."""
+    with GatewayFactory(tmp_path_factory, pki) as factory:
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def module_gateway(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[GatewayFactory]:
+    """The same for a module's own fixture: a gateway its tests share, stopped after the module."""
+    with GatewayFactory(tmp_path_factory, pki) as factory:
+        yield factory
 
 
 @pytest.fixture

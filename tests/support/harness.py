@@ -1,4 +1,5 @@
-"""Start the real gateway (Envoy, filter workers, demo backend) on free loopback ports for a test."""
+"""Start the real gateway (Envoy, filter workers, demo backend) on free loopback ports for a test: the `gateway` and
+`module_gateway` fixtures (tests/conftest.py) hand out GatewayFactory, whose gateways are LiveGateway."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
+import pytest
 import redis
 import requests
 import yaml
@@ -18,6 +21,9 @@ from lxml import etree
 
 from filters.stores import replay
 from gateway.control.supervisor import Gateway, Options, free_ports
+from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig
+from tests.support.wss_helpers import route_doc
 
 
 def write_policies(directory: Path, routes: list[dict], edge: dict | None = None) -> Path:
@@ -59,6 +65,90 @@ def received(gw: Gateway) -> list[dict]:
 
 def clear(gw: Gateway) -> None:
     requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)  # type: ignore[attr-defined]
+
+
+class LiveGateway:
+    """A running gateway as a test talks to it: `post("rsa", body)` to the route named rsa, what the backend got,
+    a Client for a route. Everything else (opts, redis, workers, logs...) is the supervisor's Gateway's. Stopped
+    with its fixture, or at the end of `with gateway(routes) as gw:`."""
+
+    def __init__(self, gw: Gateway, pki: Path, stop: Callable[[], None]) -> None:
+        self.gw = gw
+        self.pki = pki
+        self.stop = stop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.gw, name)
+
+    def __enter__(self) -> LiveGateway:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def route(self, name: str) -> Route:
+        """The route as the gateway loaded it (BACKEND replaced by the demo backend's address)."""
+        assert self.gw.policies is not None
+        return self.gw.policies.route(name)
+
+    def url(self, route: str, path: str = "demo", *, tls: bool = False) -> str:
+        """`path` under the route's prefix; `route` may also be a path of its own ("/x/../rsa/demo")."""
+        prefix = route if route.startswith("/") else self.route(route).match.path_prefix
+        port = self.gw.opts.https_port if tls else self.gw.opts.http_port
+        return f"{'https' if tls else 'http'}://127.0.0.1:{port}{prefix}{path if prefix.endswith('/') else ''}"
+
+    def post(
+        self, route: str, body: bytes, version: str = "1.1", *, path: str = "demo", tls: bool = False,
+        headers: dict[str, str] | None = None, **kw: Any,
+    ) -> requests.Response:  # fmt: skip
+        """POST `body` as SOAP `version` to the route; `kw` goes to requests (verify, cert, timeout...)."""
+        kw.setdefault("timeout", 10)
+        headers = {"content-type": content_type(version), **(headers or {})}
+        return requests.post(self.url(route, path, tls=tls), data=body, headers=headers, **kw)
+
+    def client(self, route: str, **cfg: Any) -> Client:
+        """A WS-Security client for the route on the session's demo PKI (`cfg`: ClientConfig's fields)."""
+        return Client(self.route(route), ClientConfig(certs=self.pki, **cfg))
+
+    def received(self) -> list[dict]:
+        return received(self.gw)
+
+    def clear(self) -> None:
+        clear(self.gw)
+
+
+Routes = list[dict] | list[str] | str
+
+
+def route_docs(routes: Routes, pki: Path) -> list[dict]:
+    """Policy dicts as given, or profile names ("rsa" or ["rsa", "hmac"]): route_doc's demo route per profile,
+    named after it (so at /rsa/)."""
+    names = [routes] if isinstance(routes, str) else routes
+    return [route_doc(pki, r, name=r) if isinstance(r, str) else r for r in names]
+
+
+class GatewayFactory:
+    """`gateway(routes, workers=2, metrics=True, ...)` starts a gateway (running_gateway's options) and returns
+    its LiveGateway; every gateway started is stopped when the fixture ends."""
+
+    def __init__(self, tmp: pytest.TempPathFactory, pki: Path) -> None:
+        self.tmp = tmp
+        self.pki = pki
+        self.stack = ExitStack()
+
+    def __call__(self, routes: Routes, **options: Any) -> LiveGateway:
+        own = ExitStack()  # closing twice (a `with` block, then the fixture) stops it once
+        gw = own.enter_context(
+            running_gateway(self.tmp.mktemp("gateway"), route_docs(routes, self.pki), self.pki, **options)
+        )
+        self.stack.callback(own.close)
+        return LiveGateway(gw, self.pki, own.close)
+
+    def __enter__(self) -> GatewayFactory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
 
 
 def fault_code(resp: requests.Response) -> str:
