@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from gateway.tools.client import Client, ClientConfig, http_post
-from tests.e2e.test_wssecurity_e2e import clear, fault_code, received, route_of, send
-from tests.support.harness import running_gateway
+from gateway.tools.client import http_post
+from tests.support.harness import GatewayFactory, LiveGateway, fault_code
 from tests.support.wss_helpers import echo, route_doc
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     # One worker: its one Python thread serves every exchange, so a wait on Redis there would stall them all.
     routes = [
         route_doc(pki, "hmac", name="hmac", replay={"store": "auto"}),
@@ -29,9 +28,9 @@ def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
                   secureconversation={"store": "memory", "max_contexts": 2,
                                       "master_keys_file": str(pki / "sct-master-keys.yaml")}),
     ]  # fmt: skip
-    with running_gateway(tmp_path_factory.mktemp("replayframe"), routes, pki, workers=1, metrics=True) as g:
-        assert g.redis is not None
-        yield g
+    g = module_gateway(routes, workers=1, metrics=True)
+    assert g.redis is not None
+    return g
 
 
 def _metric(gw, name: str, **labels: str) -> float:
@@ -44,34 +43,34 @@ def _metric(gw, name: str, **labels: str) -> float:
 
 
 def test_a_forged_copy_sent_first_does_not_burn_the_originals_replay_key(gw, pki: Path) -> None:
-    client = Client(route_of(gw, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
+    client = gw.client("hmac", key_name="demo-client")
     original, _ = client.secure(echo("pay 10"))
     forged = original.replace(b"pay 10", b"pay 99")  # same Signature, other content
     assert forged != original
-    clear(gw)
+    gw.clear()
     replays = _metric(gw, "wsgate_replays_total", route="hmac")
     checks = _metric(gw, "wsgate_frame_replay_checks_total", outcome="replayed")
-    assert fault_code(send(gw, "hmac", forged)) == "FailedCheck"
-    assert send(gw, "hmac", original).status_code == 200  # its key was not set by the forgery
-    resp = send(gw, "hmac", original)  # the frame's SET NX finds the key: refused as the engine refused replays
+    assert fault_code(gw.post("hmac", forged)) == "FailedCheck"
+    assert gw.post("hmac", original).status_code == 200  # its key was not set by the forgery
+    resp = gw.post("hmac", original)  # the frame's SET NX finds the key: refused as the engine refused replays
     assert (resp.status_code, fault_code(resp)) == (500, "InvalidSecurity")
-    assert [b"pay 10" in r["body"].encode() for r in received(gw)] == [True]
+    assert [b"pay 10" in r["body"].encode() for r in gw.received()] == [True]
     assert _metric(gw, "wsgate_replays_total", route="hmac") == replays + 1
     assert _metric(gw, "wsgate_frame_replay_checks_total", outcome="replayed") == checks + 1
     assert _metric(gw, "wsgate_faults_total", route="hmac", reason="InvalidSecurity") >= 1
 
 
 def test_a_stalled_replay_store_does_not_stall_the_workers_other_exchanges(gw, pki: Path) -> None:
-    client = Client(route_of(gw, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
-    assert send(gw, "hmac", client.secure(echo("warm"))[0]).status_code == 200  # the frame's connection is open
+    client = gw.client("hmac", key_name="demo-client")
+    assert gw.post("hmac", client.secure(echo("warm"))[0]).status_code == 200  # the frame's connection is open
     stalled, _ = client.secure(echo("while redis hangs"))
     xml = echo("no security here")
-    clear(gw)
+    gw.clear()
     answers: list[requests.Response] = []
     unanswered = _metric(gw, "wsgate_frame_replay_checks_total", outcome="unavailable")
     os.kill(gw.redis.pid, signal.SIGSTOP)
     try:
-        waiting = threading.Thread(target=lambda: answers.append(send(gw, "hmac", stalled)))
+        waiting = threading.Thread(target=lambda: answers.append(gw.post("hmac", stalled)))
         waiting.start()
         time.sleep(0.2)  # the hmac exchange now waits on Redis (up to the frame's 1 s timeout)
         started = time.monotonic()
@@ -86,9 +85,9 @@ def test_a_stalled_replay_store_does_not_stall_the_workers_other_exchanges(gw, p
         os.kill(gw.redis.pid, signal.SIGCONT)
     assert [r.status_code for r in answers] == [500]  # unchecked: refused, never passed on (fail closed)
     assert fault_code(answers[0]) != "InvalidSecurity"  # a server fault, not a replay
-    assert [r["path"] for r in received(gw)] == ["/xml/demo"]
+    assert [r["path"] for r in gw.received()] == ["/xml/demo"]
     assert _metric(gw, "wsgate_frame_replay_checks_total", outcome="unavailable") == unanswered + 1
-    assert send(gw, "hmac", client.secure(echo("after"))[0]).status_code == 200  # Redis answers again: used again
+    assert gw.post("hmac", client.secure(echo("after"))[0]).status_code == 200  # Redis answers again: used again
 
 
 def test_a_replayed_issue_request_is_refused_before_it_takes_a_context(gw, pki: Path) -> None:
@@ -101,17 +100,17 @@ def test_a_replayed_issue_request_is_refused_before_it_takes_a_context(gw, pki: 
         issues.append((body, ctype))
         return post(body, ctype)
 
-    client = Client(route_of(gw, "sc"), ClientConfig(certs=pki))
+    client = gw.client("sc")
     client.establish(capturing)  # the store's first context of two
     issue, ctype = issues[0]
     for _ in range(3):
         resp = requests.post(f"http://127.0.0.1:{gw.opts.http_port}/sc/demo", data=issue,
                              headers={"content-type": ctype}, timeout=10)  # fmt: skip
         assert (resp.status_code, fault_code(resp)) == (500, "InvalidSecurity")
-    Client(route_of(gw, "sc"), ClientConfig(certs=pki)).establish(post)  # room left for a second context
-    clear(gw)
+    gw.client("sc").establish(post)  # room left for a second context
+    gw.clear()
     secured, _ = client.secure(echo("in context"))
-    assert send(gw, "sc", secured).status_code == 200
-    resp = send(gw, "sc", secured)  # a message signed with the context's derived key, replayed
+    assert gw.post("sc", secured).status_code == 200
+    resp = gw.post("sc", secured)  # a message signed with the context's derived key, replayed
     assert (resp.status_code, fault_code(resp)) == (500, "InvalidSecurity")
-    assert len(received(gw)) == 1
+    assert len(gw.received()) == 1

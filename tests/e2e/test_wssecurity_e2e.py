@@ -14,9 +14,8 @@ import pytest
 import requests
 
 from filters.engine import faults
-from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig, ClientError, content_type
-from tests.support.harness import clear, fault_code, received, running_gateway
+from gateway.tools.client import ClientError, content_type
+from tests.support.harness import GatewayFactory, LiveGateway, fault_code
 from tests.support.wss_helpers import DEMO, echo, route_doc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,27 +44,9 @@ def routes(pki: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, routes: list[dict]):
+def gw(module_gateway: GatewayFactory, routes: list[dict]) -> LiveGateway:
     # Two workers: the replay store must be shared (the supervisor's Redis), or a replay could reach the other one.
-    with running_gateway(tmp_path_factory.mktemp("wss"), routes, pki, workers=2, metrics=True) as g:
-        yield g
-
-
-def route_of(gw, name: str) -> Route:
-    return Route.model_validate(
-        {**next(r for r in _routes(gw) if r["name"] == name), "upstream": {"address": gw.backend_addr}}
-    )
-
-
-def _routes(gw) -> list[dict]:
-    import yaml
-
-    return yaml.safe_load((gw.opts.policies / "routes.yaml").read_text())["routes"]
-
-
-def send(gw, name: str, body: bytes, version: str = "1.1") -> requests.Response:
-    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=body,
-                         headers={"content-type": content_type(version)}, timeout=10)  # fmt: skip
+    return module_gateway(routes, workers=2, metrics=True)
 
 
 CASES = [
@@ -82,16 +63,16 @@ CASES = [
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize(("name", "cfg", "identity"), CASES)
 def test_round_trip(gw, pki: Path, name: str, cfg: dict, identity: str | None, version: str) -> None:
-    client = Client(route_of(gw, name), ClientConfig(certs=pki, **cfg))
+    client = gw.client(name, **cfg)
     secured, pending = client.secure(echo("round trip", version))
     assert b"wsse:Security" in secured
-    clear(gw)
-    resp = send(gw, name, secured, version)
+    gw.clear()
+    resp = gw.post(name, secured, version)
     assert resp.status_code == 200, resp.text
     assert b"wsse:Security" in resp.content  # the response is secured on its way back
     plain = client.open(resp.content, pending)
     assert plain.body.findtext(f".//{{{DEMO}}}text") == "round trip"
-    got = received(gw)[-1]
+    got = gw.received()[-1]
     assert "Security" not in got["body"] and "wsu:Id" not in got["body"] and "Header" not in got["body"]
     assert "round trip" in got["body"]  # decrypted content reached the backend
     assert got["headers"].get("x-wsgate-subject") == identity
@@ -106,29 +87,29 @@ def test_client_cannot_spoof_gateway_headers(
 ) -> None:
     # Envoy removes the client's own x-wsgate-* headers before the filter runs, on both ext_proc paths (with a
     # Content-Length, bodies only; chunked, with the headers phase); only the verified subject reaches the backend.
-    client = Client(route_of(gw, name), ClientConfig(certs=pki, **cfg))
+    client = gw.client(name, **cfg)
     secured, pending = client.secure(echo("spoof", "1.1"))
-    clear(gw)
+    gw.clear()
     data = iter([secured]) if chunked else secured
     resp = requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=data, timeout=10,
                          headers={"content-type": content_type("1.1"), "x-wsgate-subject": "CN=Mallory",
                                   "X-WSGate-Anything": "forged"})  # fmt: skip
     assert resp.status_code == 200, resp.text
     client.open(resp.content, pending)
-    got = received(gw)[-1]["headers"]
+    got = gw.received()[-1]["headers"]
     assert got.get("x-wsgate-subject") == identity
     assert "x-wsgate-anything" not in got
 
 
 def test_tampered_request_refused_and_counted(gw, pki: Path) -> None:
-    client = Client(route_of(gw, "rsa"), ClientConfig(certs=pki))
+    client = gw.client("rsa")
     secured, _ = client.secure(echo("pay 10"))
-    clear(gw)
-    resp = send(gw, "rsa", secured.replace(b"pay 10", b"pay 99"))
+    gw.clear()
+    resp = gw.post("rsa", secured.replace(b"pay 10", b"pay 99"))
     assert resp.status_code == 500
     assert fault_code(resp) == "FailedCheck"
     assert "The signature or decryption was invalid" in resp.text
-    assert received(gw) == []
+    assert gw.received() == []
     metrics = "".join(requests.get(u, timeout=5).text for u in gw.metrics_urls())
     assert 'wsgate_faults_total{profile="rsa",reason="FailedCheck",route="rsa"}' in metrics
 
@@ -141,7 +122,7 @@ def test_client_chosen_fault_reasons_do_not_become_metric_labels(gw) -> None:
     bodies += [f"<soap:Header/><soap:Body/><soap:Extra{n}/>" for n in range(12)]
     soap = "http://schemas.xmlsoap.org/soap/envelope/"
     for inner in bodies:
-        resp = send(gw, "hmac", f'<soap:Envelope xmlns:soap="{soap}">{inner}</soap:Envelope>'.encode())
+        resp = gw.post("hmac", f'<soap:Envelope xmlns:soap="{soap}">{inner}</soap:Envelope>'.encode())
         assert resp.status_code == 500
     metrics = "".join(requests.get(u, timeout=5).text for u in gw.metrics_urls())
     reasons = {
@@ -154,47 +135,47 @@ def test_client_chosen_fault_reasons_do_not_become_metric_labels(gw) -> None:
 
 
 def test_replay_refused_across_workers(gw, pki: Path) -> None:
-    client = Client(route_of(gw, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
+    client = gw.client("hmac", key_name="demo-client")
     secured, _ = client.secure(echo("once"))
-    clear(gw)
-    codes = [send(gw, "hmac", secured).status_code for _ in range(6)]
+    gw.clear()
+    codes = [gw.post("hmac", secured).status_code for _ in range(6)]
     assert codes == [200, 500, 500, 500, 500, 500]
-    assert len(received(gw)) == 1
+    assert len(gw.received()) == 1
 
 
 def test_untrusted_signer_refused(gw, pki: Path) -> None:
-    client = Client(route_of(gw, "rsa"), ClientConfig(certs=pki, key="rogue.key", certificate="rogue.pem"))
+    client = gw.client("rsa", key="rogue.key", certificate="rogue.pem")
     secured, _ = client.secure(echo())
-    clear(gw)
-    resp = send(gw, "rsa", secured)
+    gw.clear()
+    resp = gw.post("rsa", secured)
     assert fault_code(resp) == "FailedAuthentication"
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 def test_plain_request_on_secured_route_refused(gw) -> None:
-    clear(gw)
-    resp = send(gw, "rsa", echo(version="1.2"), "1.2")
+    gw.clear()
+    resp = gw.post("rsa", echo(version="1.2"), "1.2")
     assert resp.status_code == 500
     assert resp.headers["content-type"].startswith("application/soap+xml")
     assert fault_code(resp) == "InvalidSecurity"
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 def test_wrong_password_refused(gw, pki: Path) -> None:
-    client = Client(route_of(gw, "username"), ClientConfig(certs=pki, user="bob", password="guess"))
+    client = gw.client("username", user="bob", password="guess")
     secured, pending = client.secure(echo())
-    resp = send(gw, "username", secured)
+    resp = gw.post("username", secured)
     assert fault_code(resp) == "FailedAuthentication"
     with pytest.raises(ClientError, match="FailedAuthentication"):
         client.open(resp.content, pending)
 
 
 def test_backend_fault_is_secured(gw, pki: Path) -> None:
-    client = Client(route_of(gw, "rsa"), ClientConfig(certs=pki))
+    client = gw.client("rsa")
     plain = echo().replace(b'<d:echo xmlns:d="urn:wsgate:demo"><d:text>hello</d:text></d:echo>',
                            b'<d:fault xmlns:d="urn:wsgate:demo"/>')  # fmt: skip
     secured, pending = client.secure(plain)
-    resp = send(gw, "rsa", secured)
+    resp = gw.post("rsa", secured)
     assert resp.status_code == 500
     assert b"wsse:Security" in resp.content and b"ds:Signature" in resp.content
     with pytest.raises(ClientError, match="SOAP fault"):
@@ -214,36 +195,36 @@ def test_wsgate_client_cli(gw, pki: Path, tmp_path: Path) -> None:
     assert "Security" not in run.stdout
 
 
-def test_shared_store_down_fails_closed_and_recovers(tmp_path: Path, pki: Path) -> None:
+def test_shared_store_down_fails_closed_and_recovers(gateway: GatewayFactory, pki: Path) -> None:
     routes = [route_doc(pki, "hmac", name="hmac", replay={"store": "auto"})]
-    with running_gateway(tmp_path, routes, pki, workers=2) as g:
-        client = Client(route_of(g, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
-        assert send(g, "hmac", client.secure(echo())[0]).status_code == 200
+    with gateway(routes, workers=2) as g:
+        client = g.client("hmac", key_name="demo-client")
+        assert g.post("hmac", client.secure(echo())[0]).status_code == 200
         assert g.redis is not None
         g.redis.kill()
         g.redis.wait()
-        clear(g)
-        resp = send(g, "hmac", client.secure(echo())[0])
+        g.clear()
+        resp = g.post("hmac", client.secure(echo())[0])
         assert resp.status_code == 500  # no replay check possible: refused, never passed on unchecked
-        assert received(g) == []
+        assert g.received() == []
         g.supervise_once()  # the supervisor brings Redis back
-        assert send(g, "hmac", client.secure(echo())[0]).status_code == 200
+        assert g.post("hmac", client.secure(echo())[0]).status_code == 200
 
 
-def test_replay_remembered_across_a_replaced_worker(tmp_path: Path, pki: Path) -> None:
+def test_replay_remembered_across_a_replaced_worker(gateway: GatewayFactory, pki: Path) -> None:
     # One worker, replay store auto: the supervisor still gives it Redis, because a restarted (or recycled)
     # worker starting with an empty memory would accept again what its predecessor saw.
     routes = [route_doc(pki, "hmac", name="hmac", replay={"store": "auto"})]
-    with running_gateway(tmp_path, routes, pki, workers=1) as g:
+    with gateway(routes, workers=1) as g:
         assert g.redis is not None
-        client = Client(route_of(g, "hmac"), ClientConfig(certs=pki, key_name="demo-client"))
+        client = g.client("hmac", key_name="demo-client")
         secured, _ = client.secure(echo("once", "1.1"))
-        assert send(g, "hmac", secured).status_code == 200
+        assert g.post("hmac", secured).status_code == 200
         os.kill(g.workers[0].pid, signal.SIGKILL)
         g.workers[0].wait()
         g.supervise_once()  # the supervisor restarts the worker
         deadline = time.monotonic() + 15
-        while (resp := send(g, "hmac", secured)).status_code == 503 and time.monotonic() < deadline:
+        while (resp := g.post("hmac", secured)).status_code == 503 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert resp.status_code == 500
         assert fault_code(resp) == "InvalidSecurity"
