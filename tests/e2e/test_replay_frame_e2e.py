@@ -42,7 +42,7 @@ def _metric(gw, name: str, **labels: str) -> float:
     return total
 
 
-def test_a_forged_copy_sent_first_does_not_burn_the_originals_replay_key(gw, pki: Path) -> None:
+def test_a_forged_copy_sent_first_does_not_burn_the_originals_replay_key(gw) -> None:
     client = gw.client("hmac", key_name="demo-client")
     original, _ = client.secure(echo("pay 10"))
     forged = original.replace(b"pay 10", b"pay 99")  # same Signature, other content
@@ -60,7 +60,7 @@ def test_a_forged_copy_sent_first_does_not_burn_the_originals_replay_key(gw, pki
     assert _metric(gw, "wsgate_faults_total", route="hmac", reason="InvalidSecurity") >= 1
 
 
-def test_a_stalled_replay_store_does_not_stall_the_workers_other_exchanges(gw, pki: Path) -> None:
+def test_a_stalled_replay_store_does_not_stall_the_workers_other_exchanges(gw) -> None:
     client = gw.client("hmac", key_name="demo-client")
     assert gw.post("hmac", client.secure(echo("warm"))[0]).status_code == 200  # the frame's connection is open
     stalled, _ = client.secure(echo("while redis hangs"))
@@ -90,7 +90,7 @@ def test_a_stalled_replay_store_does_not_stall_the_workers_other_exchanges(gw, p
     assert gw.post("hmac", client.secure(echo("after"))[0]).status_code == 200  # Redis answers again: used again
 
 
-def test_a_replayed_issue_request_is_refused_before_it_takes_a_context(gw, pki: Path) -> None:
+def test_a_replayed_issue_request_is_refused_before_it_takes_a_context(gw) -> None:
     # Issue and Cancel change the context store: their keys are set before the answer, not after (a replayed
     # Issue would otherwise fill the store with contexts nobody can use).
     post = http_post(f"http://127.0.0.1:{gw.opts.http_port}/sc/demo")

@@ -68,7 +68,7 @@ def test_https_only_username_route_refuses_plain_http(gw, pki: Path) -> None:
     assert gw.received()[-1]["headers"].get("x-wsgate-subject") == "bob"
 
 
-def test_repeated_failures_for_a_user_are_refused_for_a_window(gw, pki: Path) -> None:
+def test_repeated_failures_for_a_user_are_refused_for_a_window(gw) -> None:
     wrong = gw.client("throttled", user="bob", password="guess")
     right = gw.client("throttled", user="bob", password=PASSWORDS["bob"])
     gw.clear()

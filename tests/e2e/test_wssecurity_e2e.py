@@ -62,7 +62,7 @@ CASES = [
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize(("name", "cfg", "identity"), CASES)
-def test_round_trip(gw, pki: Path, name: str, cfg: dict, identity: str | None, version: str) -> None:
+def test_round_trip(gw, name: str, cfg: dict, identity: str | None, version: str) -> None:
     client = gw.client(name, **cfg)
     secured, pending = client.secure(echo("round trip", version))
     assert b"wsse:Security" in secured
@@ -82,9 +82,7 @@ def test_round_trip(gw, pki: Path, name: str, cfg: dict, identity: str | None, v
     ("name", "cfg", "identity"), [CASES[0], ("hmac", {"key_name": "demo-client"}, "key:demo-client")]
 )
 @pytest.mark.parametrize("chunked", [False, True])
-def test_client_cannot_spoof_gateway_headers(
-    gw, pki: Path, name: str, cfg: dict, identity: str | None, chunked: bool
-) -> None:
+def test_client_cannot_spoof_gateway_headers(gw, name: str, cfg: dict, identity: str | None, chunked: bool) -> None:
     # Envoy removes the client's own x-wsgate-* headers before the filter runs, on both ext_proc paths (with a
     # Content-Length, bodies only; chunked, with the headers phase); only the verified subject reaches the backend.
     client = gw.client(name, **cfg)
@@ -101,7 +99,7 @@ def test_client_cannot_spoof_gateway_headers(
     assert "x-wsgate-anything" not in got
 
 
-def test_tampered_request_refused_and_counted(gw, pki: Path) -> None:
+def test_tampered_request_refused_and_counted(gw) -> None:
     client = gw.client("rsa")
     secured, _ = client.secure(echo("pay 10"))
     gw.clear()
@@ -134,7 +132,7 @@ def test_client_chosen_fault_reasons_do_not_become_metric_labels(gw) -> None:
     assert len(reasons) <= 4
 
 
-def test_replay_refused_across_workers(gw, pki: Path) -> None:
+def test_replay_refused_across_workers(gw) -> None:
     client = gw.client("hmac", key_name="demo-client")
     secured, _ = client.secure(echo("once"))
     gw.clear()
@@ -143,7 +141,7 @@ def test_replay_refused_across_workers(gw, pki: Path) -> None:
     assert len(gw.received()) == 1
 
 
-def test_untrusted_signer_refused(gw, pki: Path) -> None:
+def test_untrusted_signer_refused(gw) -> None:
     client = gw.client("rsa", key="rogue.key", certificate="rogue.pem")
     secured, _ = client.secure(echo())
     gw.clear()
@@ -161,7 +159,7 @@ def test_plain_request_on_secured_route_refused(gw) -> None:
     assert gw.received() == []
 
 
-def test_wrong_password_refused(gw, pki: Path) -> None:
+def test_wrong_password_refused(gw) -> None:
     client = gw.client("username", user="bob", password="guess")
     secured, pending = client.secure(echo())
     resp = gw.post("username", secured)
@@ -170,7 +168,7 @@ def test_wrong_password_refused(gw, pki: Path) -> None:
         client.open(resp.content, pending)
 
 
-def test_backend_fault_is_secured(gw, pki: Path) -> None:
+def test_backend_fault_is_secured(gw) -> None:
     client = gw.client("rsa")
     plain = echo().replace(b'<d:echo xmlns:d="urn:wsgate:demo"><d:text>hello</d:text></d:echo>',
                            b'<d:fault xmlns:d="urn:wsgate:demo"/>')  # fmt: skip

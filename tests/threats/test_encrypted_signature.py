@@ -14,7 +14,7 @@ import copy
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,9 @@ from lxml import etree
 
 from filters.engine import ns
 from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig, Pending, content_type
+from gateway.tools.client import Pending
 from tests.interop.test_interop import EXC_C14N, RSA_SHA256, SHA256, pem_base64, wss_time
-from tests.support.harness import clear, fault_code, received, running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway, fault_code
 from tests.support.wss_helpers import DEMO, route_doc
 
 SECURITY = ns.q(ns.WSSE, "Security")
@@ -53,9 +53,8 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
-    with running_gateway(tmp_path_factory.mktemp("encsig-gw"), _routes(pki), pki) as g:
-        yield g
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(_routes(pki))
 
 
 def _el(parent: etree._Element, tag: str, attrib: dict[str, str] | None = None, **kw: Any) -> etree._Element:
@@ -164,27 +163,17 @@ def wss4j_encrypted_signature(
     return etree.tostring(env)
 
 
-def post(gw: Any, route: str, body: bytes, version: str = "1.1") -> requests.Response:
-    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{route}/demo", data=body,
-                         headers={"content-type": content_type(version)}, timeout=10)  # fmt: skip
-
-
-def client_of(gw: Any, pki: Path, name: str) -> Client:
-    doc = next(r for r in _routes(pki) if r["name"] == name)
-    return Client(Route.model_validate({**doc, "upstream": {"address": gw.backend_addr}}), ClientConfig(certs=pki))
-
-
 def refused(
     gw: Any, body: bytes, code: str | None = None, reason: str | None = None, route: str = "rsa-enc"
 ) -> requests.Response:
     """Posts `body`, which must be refused with `code` before the backend, the log saying `reason`."""
-    clear(gw)
+    gw.clear()
     seen = len(_refusals(gw))
-    r = post(gw, route, body)
+    r = gw.post(route, body)
     assert r.status_code == 500, r.text
     if code is not None:
         assert fault_code(r) == code, r.text
-    assert received(gw) == []  # nothing reached the backend
+    assert gw.received() == []  # nothing reached the backend
     if reason is not None:
         for _ in range(50):  # the worker logs as it answers
             if len(logged := _refusals(gw)) > seen:
@@ -222,15 +211,15 @@ def test_a_request_whose_signature_is_encrypted_is_decrypted_verified_and_forwar
 ) -> None:
     """Refused before ("decrypted content not covered by the signature"). On rsa-encsig the reply's own Signature
     comes encrypted too, and the client (the engine's receiving side) verifies it."""
-    clear(gw)
-    r = post(gw, route, wss4j_encrypted_signature(pki, "sealed and signed", version), version)
+    gw.clear()
+    r = gw.post(route, wss4j_encrypted_signature(pki, "sealed and signed", version), version)
     assert r.status_code == 200, r.text
-    got = received(gw)
+    got = gw.received()
     assert len(got) == 1 and "sealed and signed" in got[0]["body"] and "Security" not in got[0]["body"]
     security = etree.fromstring(r.content).find(f".//{SECURITY}")
     reply_signature_encrypted = security.find(SIGNATURE) is None and security[-1].tag == ED
     assert reply_signature_encrypted == (route == "rsa-encsig")
-    opened = client_of(gw, pki, route).open(r.content, Pending(soap_version=version))
+    opened = gw.client(route).open(r.content, Pending(soap_version=version))
     assert opened.body.findtext(f".//{{{DEMO}}}text") == "sealed and signed"
 
 

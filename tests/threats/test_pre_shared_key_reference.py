@@ -7,7 +7,6 @@ elements of the message win, so no wsu:Id an attacker chooses can swap one key f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,7 @@ from lxml import etree
 
 from filters.engine import ns
 from filters.engine.wss import keys
-from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig, content_type
-from tests.support.harness import clear, fault_code, received, running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway, fault_code
 from tests.support.wss_helpers import DEMO, echo, route_doc
 
 SECURITY = ns.q(ns.WSSE, "Security")
@@ -37,21 +34,13 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
-    with running_gateway(tmp_path_factory.mktemp("psk-gw"), _routes(pki), pki) as g:
-        yield g
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(_routes(pki))
 
 
-def client_of(gw: Any, pki: Path, name: str, **cfg: Any) -> Client:
-    doc = next(r for r in _routes(pki) if r["name"] == name)
-    route = Route.model_validate({**doc, "upstream": {"address": gw.backend_addr}})
-    return Client(route, ClientConfig(certs=pki, **cfg))
-
-
-def post(gw: Any, name: str, body: bytes) -> requests.Response:
-    clear(gw)
-    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=body,
-                         headers={"content-type": content_type("1.1")}, timeout=10)  # fmt: skip
+def post(gw: LiveGateway, name: str, body: bytes) -> requests.Response:
+    gw.clear()
+    return gw.post(name, body)
 
 
 def signature_reference(root: etree._Element) -> etree._Element:
@@ -67,13 +56,13 @@ def edited(secured: bytes, edit: Any) -> bytes:
 
 
 def backend_subject(gw: Any) -> str:
-    got = received(gw)
+    got = gw.received()
     assert len(got) == 1
     return {k.lower(): v for k, v in got[0]["headers"].items()}[SUBJECT]
 
 
-def test_the_client_and_the_gateway_name_a_pre_shared_key_by_reference(gw: Any, pki: Path) -> None:
-    client = client_of(gw, pki, "hmac", key_name="demo-client")
+def test_the_client_and_the_gateway_name_a_pre_shared_key_by_reference(gw: Any) -> None:
+    client = gw.client("hmac", key_name="demo-client")
     secured, pending = client.secure(echo("named"))
     ref = signature_reference(etree.fromstring(secured))
     assert (ref.get("URI"), ref.get("ValueType")) == ("#demo-client", ns.PRE_SHARED_KEY)
@@ -88,10 +77,10 @@ def test_the_client_and_the_gateway_name_a_pre_shared_key_by_reference(gw: Any, 
 
 
 @pytest.mark.parametrize("form", ["ds:KeyName", "Reference-without-ValueType"])
-def test_earlier_and_looser_key_names_are_still_accepted(gw: Any, pki: Path, form: str) -> None:
+def test_earlier_and_looser_key_names_are_still_accepted(gw: Any, form: str) -> None:
     """Tolerant where it is safe: the bare ds:KeyName of earlier clients (BSP R5417 broken, nothing lost: the name
     resolves to the same configured key), a Reference without ValueType (R3059)."""
-    client = client_of(gw, pki, "hmac", key_name="demo-client")
+    client = gw.client("hmac", key_name="demo-client")
     secured, pending = client.secure(echo("old client"))
 
     def loosen(root: etree._Element) -> None:
@@ -120,19 +109,19 @@ def _encrypted_key_named_like_the_pre_shared_key(root: etree._Element) -> None:
     ref.getparent().attrib.pop(ns.q(ns.WSSE11, "TokenType"), None)
 
 
-def test_an_encrypted_key_with_a_key_names_id_does_not_pass_for_that_key(gw: Any, pki: Path) -> None:
+def test_an_encrypted_key_with_a_key_names_id_does_not_pass_for_that_key(gw: Any) -> None:
     """The message's own EncryptedKey wins: the sender is anonymous, never key:demo-client."""
-    secured, _ = client_of(gw, pki, "hmac").secure(echo("mallory"))
+    secured, _ = gw.client("hmac").secure(echo("mallory"))
     r = post(gw, "hmac", edited(secured, _encrypted_key_named_like_the_pre_shared_key))
     assert r.status_code == 200, r.text
     assert backend_subject(gw) == "anonymous"
 
 
-def test_an_encrypted_key_with_a_key_names_id_is_refused_where_anonymous_is(gw: Any, pki: Path) -> None:
-    secured, _ = client_of(gw, pki, "hmac-strict").secure(echo("mallory"))
+def test_an_encrypted_key_with_a_key_names_id_is_refused_where_anonymous_is(gw: Any) -> None:
+    secured, _ = gw.client("hmac-strict").secure(echo("mallory"))
     r = post(gw, "hmac-strict", edited(secured, _encrypted_key_named_like_the_pre_shared_key))
     assert r.status_code == 500 and fault_code(r) == "FailedAuthentication", r.text
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 @pytest.mark.parametrize("carrier", ["BinarySecurityToken", "header-block"])
@@ -140,7 +129,7 @@ def test_an_element_with_a_key_names_id_takes_the_reference_from_the_key(gw: Any
     """Someone adds an element with wsu:Id "demo-client" to a message signed with that pre-shared key: the
     reference now names the element, never the key behind it, and the message is refused (not verified with
     a key the element could make the receiver pick)."""
-    secured, _ = client_of(gw, pki, "hmac-strict", key_name="demo-client").secure(echo("x"))
+    secured, _ = gw.client("hmac-strict", key_name="demo-client").secure(echo("x"))
 
     def add(root: etree._Element) -> None:
         security = root.find(f".//{SECURITY}")
@@ -151,7 +140,7 @@ def test_an_element_with_a_key_names_id_takes_the_reference_from_the_key(gw: Any
 
     r = post(gw, "hmac-strict", edited(secured, add))
     assert r.status_code == 500 and fault_code(r) in ("InvalidSecurity", "SecurityTokenUnavailable"), r.text
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 @pytest.mark.parametrize("name", ["two words", "1st", "a#b", "key/1", ""])

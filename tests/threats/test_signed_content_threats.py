@@ -17,14 +17,12 @@ from pathlib import Path
 
 import pytest
 import requests
-import yaml
 from lxml import etree
 
 from filters.engine import ns
 from filters.engine.wss import username_token, wssecurity
-from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig, Pending, content_type, http_post
-from tests.support.harness import clear, envelope, fault_code, received, running_gateway
+from gateway.tools.client import Client, Pending, http_post
+from tests.support.harness import GatewayFactory, LiveGateway, envelope, fault_code
 from tests.support.wss_helpers import DEMO, echo, route_doc
 
 CERT_SUBJECT = "CN=Demo Client,O=WSGate Demo"
@@ -32,7 +30,7 @@ VERSIONS = ["1.1", "1.2"]
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     users = {"required": True, "users_file": str(pki / "users.yaml"), "protection": "encrypted"}
     sc = {"store": "sealed", "master_keys_file": str(pki / "sct-master-keys.yaml")}
     routes = [
@@ -53,22 +51,14 @@ def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
                   encryption={"encrypt_response": True}),
         {"name": "xml", "match": {"path_prefix": "/xml/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
     ]  # fmt: skip
-    with running_gateway(tmp_path_factory.mktemp("signed"), routes, pki) as g:
-        yield g
+    return module_gateway(routes)
 
 
-def client(gw, pki: Path, name: str, **cfg: object) -> Client:
-    docs = yaml.safe_load((gw.opts.policies / "routes.yaml").read_text())["routes"]
-    route = Route.model_validate(next(r for r in docs if r["name"] == name))
-    got = Client(route, ClientConfig(certs=pki, **cfg))  # type: ignore[arg-type]
-    if route.profile == "secureconversation":
-        got.establish(http_post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo"))
+def client(gw: LiveGateway, name: str, **cfg: object) -> Client:
+    got = gw.client(name, **cfg)
+    if gw.route(name).profile == "secureconversation":
+        got.establish(http_post(gw.url(name)))
     return got
-
-
-def send(gw, name: str, body: bytes, version: str = "1.1", **headers: str) -> requests.Response:
-    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=body, timeout=10,
-                         headers={"content-type": content_type(version), **headers})  # fmt: skip
 
 
 def refused(resp: requests.Response, *codes: str) -> None:
@@ -120,22 +110,22 @@ CREDENTIALS: dict[str, dict[str, object]] = {"username": {"user": "bob", "passwo
 
 
 @pytest.fixture(scope="module")
-def clients(gw, pki: Path) -> dict[str, Client]:
-    return {name: client(gw, pki, name, **CREDENTIALS.get(name, {})) for name in SECURED}
+def clients(gw: LiveGateway) -> dict[str, Client]:
+    return {name: client(gw, name, **CREDENTIALS.get(name, {})) for name in SECURED}
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
 @pytest.mark.parametrize("name", SECURED)
 def test_replay_with_a_respelled_signature_value_is_refused(gw, clients, name: str, spelling: str) -> None:
     secured, pending = clients[name].secure(echo(f"pay once {spelling}"))
-    clear(gw)
-    resp = send(gw, name, secured)
+    gw.clear()
+    resp = gw.post(name, secured)
     assert resp.status_code == 200, resp.text
     clients[name].open(resp.content, pending)
     replay = _respell(secured, b"SignatureValue", SPELLINGS[spelling])
     assert replay != secured
-    refused(send(gw, name, replay), "InvalidSecurity")
-    assert len(received(gw)) == 1  # delivered once
+    refused(gw.post(name, replay), "InvalidSecurity")
+    assert len(gw.received()) == 1  # delivered once
 
 
 # Spellings C14N does not see (the token stays validly signed when they are made on the wire) and those it does
@@ -166,13 +156,13 @@ def test_username_token_nonce_replayed_in_another_spelling_is_refused(
 ) -> None:
     tokens = _captured_token(spelling, username_token.create)
     monkeypatch.setattr(wssecurity.username_token, "create", lambda *_a, **_k: next(tokens))
-    clear(gw)
+    gw.clear()
     secured, _ = clients["username"].secure(echo("first"))
-    resp = send(gw, "username", secured)
+    resp = gw.post("username", secured)
     assert resp.status_code == 200, resp.text
     again, _ = clients["username"].secure(echo("second"))  # a new message (new key, signature), the same token
-    refused(send(gw, "username", again), "FailedAuthentication")
-    assert len(received(gw)) == 1
+    refused(gw.post("username", again), "FailedAuthentication")
+    assert len(gw.received()) == 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -189,7 +179,7 @@ def _commented(data: bytes) -> bytes:
 
 
 def _backend_text(gw) -> str:
-    got = received(gw)
+    got = gw.received()
     assert len(got) == 1
     body = got[0]["body"]
     assert "<!--" not in body, body
@@ -202,8 +192,8 @@ def _backend_text(gw) -> str:
 @pytest.mark.parametrize("name", ["rsa", "hmac", "username", "sc"])
 def test_comment_inside_signed_body_never_reaches_the_backend(gw, clients, name: str, version: str) -> None:
     secured, pending = clients[name].secure(echo(SIGNED_TEXT, version))
-    clear(gw)
-    resp = send(gw, name, _commented(secured), version)
+    gw.clear()
+    resp = gw.post(name, _commented(secured), version)
     assert resp.status_code == 200, resp.text  # still validly signed: comments are not part of C14N
     clients[name].open(resp.content, pending)
     assert _backend_text(gw) == SIGNED_TEXT
@@ -211,16 +201,16 @@ def test_comment_inside_signed_body_never_reaches_the_backend(gw, clients, name:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_comment_inside_encrypted_signed_content_never_reaches_the_backend(
-    gw, pki: Path, monkeypatch: pytest.MonkeyPatch, version: str
+    gw, monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
     # The attacker's client signs and encrypts a Body that holds a comment: after decryption it is signed
     # content like any other.
     monkeypatch.setattr(wssecurity, "drop_comments", lambda el: None)
-    c = client(gw, pki, "rsa-enc")
+    c = client(gw, "rsa-enc")
     secured, _ = c.secure(echo(COMMENTED, version))
     assert b"victim" not in secured
-    clear(gw)
-    resp = send(gw, "rsa-enc", secured, version)
+    gw.clear()
+    resp = gw.post("rsa-enc", secured, version)
     assert resp.status_code == 200, resp.text
     assert _backend_text(gw) == SIGNED_TEXT
 
@@ -228,7 +218,7 @@ def test_comment_inside_encrypted_signed_content_never_reaches_the_backend(
 def test_comments_in_the_backend_response_are_not_signed_for_the_client(gw, clients) -> None:
     # The gateway signs responses: it signs no comment either (the client's C14N would ignore it).
     secured, pending = clients["rsa"].secure(echo("<!--r-->hello"))
-    resp = send(gw, "rsa", secured)
+    resp = gw.post("rsa", secured)
     assert resp.status_code == 200, resp.text
     assert b"<!--" not in resp.content
     assert clients["rsa"].open(resp.content, pending).body.findtext(f".//{{{DEMO}}}text") == "hello"
@@ -236,10 +226,10 @@ def test_comments_in_the_backend_response_are_not_signed_for_the_client(gw, clie
 
 def test_xml_route_forwards_comments_as_sent(gw) -> None:
     # No signature claims anything on an `xml` route: the body passes unchanged, comments included.
-    clear(gw)
+    gw.clear()
     body = envelope(f'<d:echo xmlns:d="{DEMO}"><d:text>{COMMENTED}</d:text></d:echo>')
-    assert send(gw, "xml", body).status_code == 200
-    assert COMMENTED in received(gw)[0]["body"]
+    assert gw.post("xml", body).status_code == 200
+    assert COMMENTED in gw.received()[0]["body"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -257,22 +247,22 @@ def test_xml_route_forwards_comments_as_sent(gw) -> None:
         ("sc", {}, CERT_SUBJECT),
     ],
 )
-def test_backend_is_told_who_signed(gw, pki: Path, name: str, cfg: dict, identity: str) -> None:
-    c = client(gw, pki, name, **cfg)
+def test_backend_is_told_who_signed(gw, name: str, cfg: dict, identity: str) -> None:
+    c = client(gw, name, **cfg)
     secured, pending = c.secure(echo("who"))
-    clear(gw)
-    resp = send(gw, name, secured, **{"x-wsgate-subject": "key:spoofed"})
+    gw.clear()
+    resp = gw.post(name, secured, headers={"x-wsgate-subject": "key:spoofed"})
     assert resp.status_code == 200, resp.text
     c.open(resp.content, pending)
-    assert received(gw)[0]["headers"]["x-wsgate-subject"] == identity
+    assert gw.received()[0]["headers"]["x-wsgate-subject"] == identity
 
 
 @pytest.mark.parametrize("encrypt", [False, True])
-def test_anonymous_encrypted_key_request_refused_unless_the_route_allows_it(gw, pki: Path, encrypt: bool) -> None:
-    secured, _ = client(gw, pki, "hmac-default", encrypt=encrypt).secure(echo("anonymous"))
-    clear(gw)
-    refused(send(gw, "hmac-default", secured), "FailedAuthentication")
-    assert received(gw) == []
+def test_anonymous_encrypted_key_request_refused_unless_the_route_allows_it(gw, encrypt: bool) -> None:
+    secured, _ = client(gw, "hmac-default", encrypt=encrypt).secure(echo("anonymous"))
+    gw.clear()
+    refused(gw.post("hmac-default", secured), "FailedAuthentication")
+    assert gw.received() == []
 
 
 WSA_2004 = "http://schemas.xmlsoap.org/ws/2004/08/addressing"
@@ -297,47 +287,47 @@ def _unsigned_block_added(c: Client, blocks: str, version: str = "1.1") -> tuple
 
 @pytest.mark.parametrize("wsa", [ns.WSA, WSA_2004])
 @pytest.mark.parametrize("version", VERSIONS)
-def test_unsigned_addressing_headers_beside_a_signed_body_are_stripped(gw, pki: Path, wsa: str, version: str) -> None:
-    c = client(gw, pki, "hmac", key_name="demo-client")
+def test_unsigned_addressing_headers_beside_a_signed_body_are_stripped(gw, wsa: str, version: str) -> None:
+    c = client(gw, "hmac", key_name="demo-client")
     secured, pending = _unsigned_block_added(c, _addressing(wsa), version)
-    clear(gw)
-    resp = send(gw, "hmac", secured, version)
+    gw.clear()
+    resp = gw.post("hmac", secured, version)
     assert resp.status_code == 200, resp.text
     c.open(resp.content, pending)
-    got = received(gw)[0]
+    got = gw.received()[0]
     assert "Action" not in got["body"] and "admin" not in got["body"] and "Header" not in got["body"]
     assert got["headers"]["x-wsgate-subject"] == "key:demo-client"
 
 
-def test_unsigned_addressing_headers_refused_where_the_route_says(gw, pki: Path) -> None:
-    secured, _ = _unsigned_block_added(client(gw, pki, "refuse", key_name="demo-client"), _addressing(ns.WSA))
-    clear(gw)
-    refused(send(gw, "refuse", secured), "InvalidSecurity")
-    assert received(gw) == []
+def test_unsigned_addressing_headers_refused_where_the_route_says(gw) -> None:
+    secured, _ = _unsigned_block_added(client(gw, "refuse", key_name="demo-client"), _addressing(ns.WSA))
+    gw.clear()
+    refused(gw.post("refuse", secured), "InvalidSecurity")
+    assert gw.received() == []
 
 
-def test_unsigned_headers_forwarded_only_where_the_route_says(gw, pki: Path) -> None:
+def test_unsigned_headers_forwarded_only_where_the_route_says(gw) -> None:
     blocks = _addressing(ns.WSA) + '<a:Trace xmlns:a="urn:app">t-1</a:Trace>'
-    secured, _ = _unsigned_block_added(client(gw, pki, "forward", key_name="demo-client"), blocks)
-    clear(gw)
-    assert send(gw, "forward", secured).status_code == 200
-    body = received(gw)[0]["body"]
+    secured, _ = _unsigned_block_added(client(gw, "forward", key_name="demo-client"), blocks)
+    gw.clear()
+    assert gw.post("forward", secured).status_code == 200
+    body = gw.received()[0]["body"]
     assert "admin" in body and "t-1" in body
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_unsigned_must_understand_header_is_refused_not_dropped(gw, pki: Path, version: str) -> None:
+def test_unsigned_must_understand_header_is_refused_not_dropped(gw, version: str) -> None:
     soap = ns.SOAP12 if version == "1.2" else ns.SOAP11
     value = "true" if version == "1.2" else "1"
     block = f'<a:Tx xmlns:a="urn:app" xmlns:s="{soap}" s:mustUnderstand="{value}">commit</a:Tx>'
-    secured, _ = _unsigned_block_added(client(gw, pki, "hmac", key_name="demo-client"), block, version)
-    clear(gw)
-    refused(send(gw, "hmac", secured, version), "InvalidSecurity")
-    assert received(gw) == []
+    secured, _ = _unsigned_block_added(client(gw, "hmac", key_name="demo-client"), block, version)
+    gw.clear()
+    refused(gw.post("hmac", secured, version), "InvalidSecurity")
+    assert gw.received() == []
 
 
-def _signed_action_request(gw, pki: Path, version: str, action: str = "urn:wsgate:demo/echo") -> bytes:
-    c = client(gw, pki, "addressing", key_name="demo-client")
+def _signed_action_request(gw, version: str, action: str = "urn:wsgate:demo/echo") -> bytes:
+    c = client(gw, "addressing", key_name="demo-client")
     plain = echo("act", version).replace(
         b"<soap:Body>", f"<soap:Header>{_addressing(ns.WSA, action)}</soap:Header><soap:Body>".encode()
     )
@@ -359,32 +349,32 @@ def _signed_action_request(gw, pki: Path, version: str, action: str = "urn:wsgat
     ],
 )
 def test_soap_action_must_agree_with_the_signed_wsa_action(
-    gw, pki: Path, version: str, headers: dict[str, str], accepted: bool
+    gw, version: str, headers: dict[str, str], accepted: bool
 ) -> None:
-    secured = _signed_action_request(gw, pki, version)
-    clear(gw)
-    resp = send(gw, "addressing", secured, version, **headers)
+    secured = _signed_action_request(gw, version)
+    gw.clear()
+    resp = gw.post("addressing", secured, version, headers=headers)
     if accepted:
         assert resp.status_code == 200, resp.text
-        assert "urn:wsgate:demo/echo" in received(gw)[0]["body"]  # the signed wsa:Action reaches the backend
+        assert "urn:wsgate:demo/echo" in gw.received()[0]["body"]  # the signed wsa:Action reaches the backend
     else:
         refused(resp, "InvalidSecurity")
-        assert received(gw) == []
+        assert gw.received() == []
 
 
-def test_unsigned_wsa_action_beside_a_signed_one_is_refused(gw, pki: Path) -> None:
+def test_unsigned_wsa_action_beside_a_signed_one_is_refused(gw) -> None:
     # A route that forwards unsigned addressing blocks still never forwards two Actions, one of them unverified.
-    c = client(gw, pki, "forward", key_name="demo-client")
+    c = client(gw, "forward", key_name="demo-client")
     signed_parts = c.route.signature.model_copy(update={"parts": ["body", "timestamp", "addressing"]})
     c.route = c.route.model_copy(update={"signature": signed_parts})
     plain = echo("act").replace(b"<soap:Body>", f"<soap:Header>{_addressing(ns.WSA)}</soap:Header><soap:Body>".encode())
     secured, _ = c.secure(plain)
     extra = f'<wsa:Action xmlns:wsa="{ns.WSA}">urn:wsgate:demo/admin</wsa:Action>'.encode()
-    clear(gw)
-    assert send(gw, "forward", secured).status_code == 200  # the signed Action alone is fine
+    gw.clear()
+    assert gw.post("forward", secured).status_code == 200  # the signed Action alone is fine
     secured, _ = c.secure(plain)
-    refused(send(gw, "forward", secured.replace(b"<wsse:Security", extra + b"<wsse:Security", 1)), "InvalidSecurity")
-    assert len(received(gw)) == 1
+    refused(gw.post("forward", secured.replace(b"<wsse:Security", extra + b"<wsse:Security", 1)), "InvalidSecurity")
+    assert len(gw.received()) == 1
 
 
 @pytest.mark.parametrize(("spelling", "accepted"), [("comment-split", True), ("element-split", False)])
@@ -392,12 +382,12 @@ def test_digest_value_split_reads_the_same_on_every_path(gw, clients, spelling: 
     # A DigestValue split by a comment is one value (the direct path and xmlsec agree); an element is refused.
     secured, pending = clients["rsa"].secure(echo("digest"))
     respelled = _respell(secured, b"DigestValue", SPELLINGS[spelling])
-    clear(gw)
-    resp = send(gw, "rsa", respelled)
+    gw.clear()
+    resp = gw.post("rsa", respelled)
     if accepted:
         assert resp.status_code == 200, resp.text
         clients["rsa"].open(resp.content, pending)
-        assert len(received(gw)) == 1
+        assert len(gw.received()) == 1
     else:
         refused(resp, "InvalidSecurity")
-        assert received(gw) == []
+        assert gw.received() == []
