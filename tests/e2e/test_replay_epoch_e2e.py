@@ -46,7 +46,7 @@ def test_a_cancelled_sealed_context_stays_cancelled_across_a_redis_loss(gateway:
     # let a cancelled context back in: contexts issued before its epoch are refused (clients issue new ones).
     route = {**sc_route(pki, "sealed", "sealed"), "replay": {"store": "auto"}}  # both in the supervisor's Redis
     with gateway([route], workers=2) as g:
-        client, post = client_of(g, pki, "sealed")
+        client, post = client_of(g, "sealed")
         cancelled = client.establish(post)
         assert call(client, post, "in context") == "in context"
         client.cancel(post)

@@ -13,9 +13,8 @@ from lxml import etree
 
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.xml.threat_protection import parse_envelope
-from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig, ClientError, http_post
-from tests.support.harness import running_gateway
+from gateway.tools.client import Client, ClientError, Post, http_post
+from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.wss_helpers import DEMO, echo, route_doc
 
 
@@ -32,14 +31,8 @@ def sc_route(pki: Path, name: str, store: str, redis_url: str | None = None, **e
                      encryption={"encrypt_response": True}, replay={"store": "memory"})  # fmt: skip
 
 
-def client_of(gw, pki: Path, name: str, version: str = "1.3") -> tuple[Client, object]:
-    import yaml
-
-    doc = next(r for r in yaml.safe_load((gw.opts.policies / "routes.yaml").read_text())["routes"] if r["name"] == name)
-    route = Route.model_validate(doc)
-    return Client(route, ClientConfig(certs=pki, sc_version=version)), http_post(
-        f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo"
-    )
+def client_of(gw: LiveGateway, name: str, version: str = "1.3") -> tuple[Client, Post]:
+    return gw.client(name, sc_version=version), http_post(gw.url(name))
 
 
 def call(client: Client, post, text: str) -> str:
@@ -48,32 +41,27 @@ def call(client: Client, post, text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, redis_url: str):
+def gw(module_gateway: GatewayFactory, pki: Path, redis_url: str) -> LiveGateway:
     routes = [
         sc_route(pki, "sealed", "sealed"),
         sc_route(pki, "memory", "memory", max_contexts=3),
         sc_route(pki, "redis", "redis", redis_url),
         sc_route(pki, "short", "sealed", lifetime_s=1),
     ]
-    with running_gateway(tmp_path_factory.mktemp("sc"), routes, pki) as g:
-        yield g
-
-
-def received(gw) -> list[dict]:
-    return requests.get(f"http://{gw.backend_addr}/_received", timeout=5).json()
+    return module_gateway(routes)
 
 
 @pytest.mark.parametrize("version", ["1.3", "2005/02"])
 @pytest.mark.parametrize("store", ["sealed", "memory", "redis"])
-def test_issue_use_cancel(gw, pki: Path, store: str, version: str) -> None:
-    client, post = client_of(gw, pki, store, version)
+def test_issue_use_cancel(gw, store: str, version: str) -> None:
+    client, post = client_of(gw, store, version)
     requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)
     ctx = client.establish(post)
     assert ctx.version.name == version
-    assert received(gw) == []  # the gateway answered the Issue request itself
+    assert gw.received() == []  # the gateway answered the Issue request itself
     assert call(client, post, "first") == "first"
     assert call(client, post, "second") == "second"
-    got = received(gw)
+    got = gw.received()
     assert len(got) == 2 and all("Security" not in r["body"] for r in got)
     assert got[0]["headers"]["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
     client.cancel(post)
@@ -82,16 +70,16 @@ def test_issue_use_cancel(gw, pki: Path, store: str, version: str) -> None:
         call(client, post, "after cancel")
 
 
-def test_tampered_derived_key_signature_refused(gw, pki: Path) -> None:
-    client, post = client_of(gw, pki, "sealed")
+def test_tampered_derived_key_signature_refused(gw) -> None:
+    client, post = client_of(gw, "sealed")
     client.establish(post)
     secured, pending = client.secure(echo("pay 10"))
     with pytest.raises(ClientError, match="FailedCheck"):
         client.open(post(secured.replace(b"pay 10", b"pay 99"), pending.content_type), pending)
 
 
-def test_wrong_nonce_refused(gw, pki: Path) -> None:
-    client, post = client_of(gw, pki, "sealed")
+def test_wrong_nonce_refused(gw) -> None:
+    client, post = client_of(gw, "sealed")
     client.establish(post)
     secured, pending = client.secure(echo())
     root = etree.fromstring(secured)
@@ -101,16 +89,16 @@ def test_wrong_nonce_refused(gw, pki: Path) -> None:
         client.open(post(etree.tostring(root), pending.content_type), pending)
 
 
-def test_expired_context_needs_renewal(gw, pki: Path) -> None:
-    client, post = client_of(gw, pki, "short")
+def test_expired_context_needs_renewal(gw) -> None:
+    client, post = client_of(gw, "short")
     client.establish(post)
     time.sleep(1.2)
     with pytest.raises(ClientError, match="RenewNeeded"):
         call(client, post, "too late")
 
 
-def test_unknown_context_refused(gw, pki: Path) -> None:
-    client, post = client_of(gw, pki, "redis")
+def test_unknown_context_refused(gw) -> None:
+    client, post = client_of(gw, "redis")
     client.establish(post)
     assert client.context is not None
     forged = sc.Context(
@@ -122,8 +110,8 @@ def test_unknown_context_refused(gw, pki: Path) -> None:
         call(client, post, "forged")
 
 
-def test_full_memory_store_refuses_new_contexts(gw, pki: Path) -> None:
-    clients = [client_of(gw, pki, "memory") for _ in range(4)]
+def test_full_memory_store_refuses_new_contexts(gw) -> None:
+    clients = [client_of(gw, "memory") for _ in range(4)]
     established = 0
     with pytest.raises(ClientError, match="RequestFailed"):
         for client, post in clients:
@@ -133,8 +121,8 @@ def test_full_memory_store_refuses_new_contexts(gw, pki: Path) -> None:
     assert call(*clients[0], "still served") == "still served"  # live contexts keep working
 
 
-def test_message_outside_a_context_refused(gw, pki: Path) -> None:
-    client, post = client_of(gw, pki, "sealed")
+def test_message_outside_a_context_refused(gw) -> None:
+    client, post = client_of(gw, "sealed")
     # Signed like the bootstrap (X.509) but not an RST: only context keys may carry messages.
     secured, pending = client._secure(parse_envelope(echo(), client.route.limits), datetime.now(UTC))
     with pytest.raises(ClientError, match="InvalidSecurity"):
@@ -142,12 +130,12 @@ def test_message_outside_a_context_refused(gw, pki: Path) -> None:
 
 
 @pytest.mark.parametrize("store", ["sealed", "redis"])
-def test_context_served_by_a_second_gateway(tmp_path: Path, pki: Path, redis_url: str, store: str) -> None:
+def test_context_served_by_a_second_gateway(gateway: GatewayFactory, pki: Path, redis_url: str, store: str) -> None:
     """sealed: the two gateways share only the master keys; redis: they share the Redis server."""
     routes = [sc_route(pki, "shared", store, redis_url if store == "redis" else None)]
-    with running_gateway(tmp_path / "a", routes, pki) as a, running_gateway(tmp_path / "b", routes, pki) as b:
-        client, post_a = client_of(a, pki, "shared")
-        _, post_b = client_of(b, pki, "shared")
+    with gateway(routes) as a, gateway(routes) as b:
+        client, post_a = client_of(a, "shared")
+        _, post_b = client_of(b, "shared")
         client.establish(post_a)
         assert call(client, post_b, "via b") == "via b"
         client.cancel(post_b)
