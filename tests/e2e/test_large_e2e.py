@@ -17,10 +17,9 @@ import requests
 from lxml import etree
 
 from gateway.control.supervisor import Gateway, Options
-from gateway.policy import PolicyError, Route
-from gateway.tools.client import Client, ClientConfig
+from gateway.policy import PolicyError
 from loadtest.large import echo
-from tests.support.harness import content_type, envelope, running_gateway, write_policies
+from tests.support.harness import GatewayFactory, LiveGateway, content_type, envelope, write_policies
 from tests.support.wss_helpers import DEMO, echo_response, route_doc
 
 MIB = 1024 * 1024
@@ -28,28 +27,18 @@ SMALL = 300_000  # the `small` route's limit, both ways
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Gateway]:
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     routes = [
         {"name": "xml", "match": {"path_prefix": "/xml/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
         {"name": "small", "match": {"path_prefix": "/small/"}, "upstream": {"address": "BACKEND"}, "profile": "xml",
          "limits": {"max_body_bytes": SMALL}, "response_limits": {"max_body_bytes": SMALL}},
         route_doc(pki, "rsa", name="rsa", replay={"store": "auto"}),
     ]  # fmt: skip
-    with running_gateway(tmp_path_factory.mktemp("large"), routes, pki, workers=2, metrics=True) as g:
-        yield g
+    return module_gateway(routes, workers=2, metrics=True)
 
 
-def post(gw: Gateway, path: str, body: bytes | Iterator[bytes], version: str = "1.1") -> requests.Response:
-    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}{path}", data=body,
-                         headers={"content-type": content_type(version)}, timeout=120)  # fmt: skip
-
-
-def received(gw: Gateway) -> list[dict]:
-    return requests.get(f"http://{gw.backend_addr}/_received", timeout=5).json()  # type: ignore[attr-defined]
-
-
-def clear(gw: Gateway) -> None:
-    requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)  # type: ignore[attr-defined]
+def post(gw: LiveGateway, path: str, body: bytes | Iterator[bytes], version: str = "1.1") -> requests.Response:
+    return gw.post(path, body, version, timeout=120)  # megabytes on a shared machine
 
 
 def fault_of(resp: requests.Response) -> tuple[str, str]:
@@ -82,62 +71,61 @@ def receiver_fault(version: str) -> str:
     return "env:Receiver" if version == "1.2" else "soap:Server"
 
 
-def test_xml_route_passes_a_body_at_the_default_limit_intact(gw: Gateway) -> None:
+def test_xml_route_passes_a_body_at_the_default_limit_intact(gw: LiveGateway) -> None:
     body = exactly(10 * MIB - 16)  # its echo is 16 bytes longer: exactly 10 MiB back
-    clear(gw)
+    gw.clear()
     r = post(gw, "/xml/demo", body)
     assert r.status_code == 200, r.text[:500]
     assert r.content == echo_response(body)  # every byte there and back
-    got = received(gw)[-1]
+    got = gw.received()[-1]
     assert got["headers"]["content-length"] == str(len(body))
     assert body.decode().startswith(got["body"])
 
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
-def test_one_byte_over_the_default_limit_is_refused(gw: Gateway, version: str) -> None:
-    clear(gw)
+def test_one_byte_over_the_default_limit_is_refused(gw: LiveGateway, version: str) -> None:
+    gw.clear()
     r = post(gw, "/xml/demo", exactly(10 * MIB + 1, version), version)
     assert r.status_code == 413
     assert r.headers["content-type"].startswith(content_type(version).split(";")[0])
     assert fault_of(r) == (sender_fault(version), "Message too large")
-    assert received(gw) == []
+    assert gw.received() == []
 
 
-def test_backend_response_over_the_limit_is_a_502_fault(gw: Gateway) -> None:
-    clear(gw)
+def test_backend_response_over_the_limit_is_a_502_fault(gw: LiveGateway) -> None:
+    gw.clear()
     r = post(gw, "/xml/demo", exactly(10 * MIB))  # allowed in; its echo is 16 bytes over the response limit
     assert r.status_code == 502  # from the filter (declared length) or Envoy (buffer full), whichever is first
     assert fault_of(r) == ("soap:Server", "The gateway could not process the message")
-    assert len(received(gw)) == 1
+    assert len(gw.received()) == 1
 
 
-def test_rsa_route_verifies_and_signs_10mb_both_ways(gw: Gateway, pki: Path) -> None:
-    doc = route_doc(pki, "rsa", name="rsa", replay={"store": "auto"})
-    client = Client(Route.model_validate({**doc, "upstream": {"address": "127.0.0.1:1"}}), ClientConfig(certs=pki))
+def test_rsa_route_verifies_and_signs_10mb_both_ways(gw: LiveGateway) -> None:
+    client = gw.client("rsa")
     plain, texts = echo(10 * MIB - 8 * 1024, "signed-")  # room for the Security header
     secured, pending = client.secure(plain)
     assert 10 * MIB - 8 * 1024 < len(secured) <= 10 * MIB
-    clear(gw)
+    gw.clear()
     r = post(gw, "/rsa/demo", secured)
     assert r.status_code == 200, r.text[:500]
     assert b"ds:Signature" in r.content[:20_000]  # the ~10 MB response came back signed
     reply = client.open(r.content, pending)  # and the signature verifies
     assert [t.text for t in reply.body.iter(f"{{{DEMO}}}text")] == texts
-    got = received(gw)[-1]
+    got = gw.received()[-1]
     assert got["headers"]["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
     assert "Security" not in got["body"] and int(got["headers"]["content-length"]) == len(plain)
 
 
-def test_a_smaller_route_limit_holds_where_envoy_buffers_more(gw: Gateway) -> None:
+def test_a_smaller_route_limit_holds_where_envoy_buffers_more(gw: LiveGateway) -> None:
     assert post(gw, "/small/demo", exactly(SMALL - 16)).status_code == 200
-    clear(gw)
+    gw.clear()
     r = post(gw, "/small/demo", exactly(SMALL + 1))
     assert r.status_code == 413 and fault_of(r) == ("soap:Client", "Message too large")
     # Without a content-length (chunked), the body is refused once it is seen whole.
     body = exactly(SMALL + 1)
     r = post(gw, "/small/demo", (body[i : i + 65536] for i in range(0, len(body), 65536)))
     assert r.status_code == 413 and fault_of(r)[0] == "soap:Client"
-    assert received(gw) == []
+    assert gw.received() == []
     # The larger route on the same listener still takes what the small one refuses.
     assert post(gw, "/xml/demo", body).status_code == 200
 
@@ -168,7 +156,7 @@ class _ChunkedBackend(http.server.BaseHTTPRequestHandler):
 @pytest.mark.parametrize("request_limit", [10 * MIB, SMALL])
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 def test_chunked_backend_response_over_the_limit_is_a_502_fault(
-    tmp_path: Path, pki: Path, version: str, request_limit: int
+    gateway: GatewayFactory, version: str, request_limit: int
 ) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ChunkedBackend)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -176,7 +164,7 @@ def test_chunked_backend_response_over_the_limit_is_a_502_fault(
                "upstream": {"address": f"127.0.0.1:{server.server_address[1]}"},
                "limits": {"max_body_bytes": request_limit}, "response_limits": {"max_body_bytes": SMALL}}]  # fmt: skip
     try:
-        with running_gateway(tmp_path, routes, pki, backend=False) as g:
+        with gateway(routes, backend=False) as g:
             r = post(g, "/demo", exactly(1000, version), version)
             assert r.status_code == 502
             assert r.headers["content-type"].startswith(content_type(version).split(";")[0])
@@ -185,7 +173,7 @@ def test_chunked_backend_response_over_the_limit_is_a_502_fault(
         server.shutdown()
 
 
-def in_flight(gw: Gateway) -> float:
+def in_flight(gw: LiveGateway) -> float:
     text = requests.get(gw.metrics_urls()[0], timeout=5).text
     return float(next(line.split()[1] for line in text.splitlines() if line.startswith("wsgate_body_bytes_in_flight")))
 
@@ -211,7 +199,7 @@ class _HoldingBackend(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_body_budget_refuses_what_does_not_fit_and_frees_on_completion(tmp_path: Path, pki: Path) -> None:
+def test_body_budget_refuses_what_does_not_fit_and_frees_on_completion(gateway: GatewayFactory) -> None:
     limit = 600_000  # two of these do not fit a 1 MiB budget
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HoldingBackend)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -222,7 +210,7 @@ def test_body_budget_refuses_what_does_not_fit_and_frees_on_completion(tmp_path:
     _HoldingBackend.release.clear()
     _HoldingBackend.seen.clear()
     try:
-        with running_gateway(tmp_path, routes, pki, metrics=True, body_budget_mb=1, backend=False) as g:
+        with gateway(routes, metrics=True, body_budget_mb=1, backend=False) as g:
             # A declared length reserves nothing: a client that declared its body and sent half of it holds none.
             slow = socket.create_connection(("127.0.0.1", g.opts.http_port))
             slow.sendall(f"POST /demo HTTP/1.1\r\nhost: x\r\ncontent-type: text/xml\r\ncontent-length: {len(body)}"
@@ -270,20 +258,20 @@ def test_policies_whose_bodies_exceed_the_budget_are_refused(tmp_path: Path, pki
     gw.stop()
 
 
-def test_envoy_over_its_heap_limit_refuses_new_requests(tmp_path: Path, pki: Path) -> None:
+def test_envoy_over_its_heap_limit_refuses_new_requests(gateway: GatewayFactory) -> None:
     routes = [{"name": "xml", "match": {"path_prefix": "/xml/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
               {"name": "plain", "match": {"path_prefix": "/plain/"}, "upstream": {"address": "BACKEND"},
                "profile": "none"}]  # fmt: skip
-    with running_gateway(tmp_path, routes, pki, envoy_max_heap_mb=1) as g:  # below what Envoy needs idle
+    with gateway(routes, envoy_max_heap_mb=1) as g:  # below what Envoy needs idle
         stat = f"http://127.0.0.1:{g.opts.admin_port}/stats?filter=stop_accepting_requests.active$"
         deadline = time.monotonic() + 10
         while not requests.get(stat, timeout=5).text.strip().endswith(": 1"):
             assert time.monotonic() < deadline, "the overload manager never saw the heap"
             time.sleep(0.1)
-        clear(g)
+        g.clear()
         for path in ("/xml/demo", "/plain/demo"):
             for version in ("1.1", "1.2"):
                 r = post(g, path, exactly(1000, version), version)
                 assert r.status_code == 503
                 assert fault_of(r) == (receiver_fault(version), "Service unavailable")
-        assert received(g) == []
+        assert g.received() == []
