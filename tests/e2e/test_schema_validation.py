@@ -19,7 +19,7 @@ from filters.engine.xml import schema_validation, wsdl
 from filters.stores.factory import RouteStores
 from gateway.control.documents import load_checked
 from gateway.policy import PolicyError, Route
-from tests.support.harness import LoopbackHttp, content_type, envelope, received, running_gateway, write_policies
+from tests.support.harness import GatewayFactory, LiveGateway, LoopbackHttp, envelope, write_policies
 from tests.support.wss_helpers import DEMO, client_for, echo, route_doc
 
 FIXTURES = Path(__file__).parents[1] / "wsdl" / "publish"
@@ -39,18 +39,8 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
-    with running_gateway(tmp_path_factory.mktemp("schema-gw"), _routes(pki), pki) as g:
-        yield g
-
-
-def post(gw: Any, path: str, body: bytes, version: str = "1.1") -> requests.Response:
-    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}{path}", data=body,
-                         headers={"content-type": content_type(version)}, timeout=10)  # fmt: skip
-
-
-def clear(gw: Any) -> None:
-    requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(_routes(pki))
 
 
 def top_code(resp: requests.Response) -> str:
@@ -78,71 +68,70 @@ INVALID = {
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize("payload", list(INVALID), ids=list(INVALID))
 def test_schema_invalid_request_refused_before_the_backend(gw: Any, payload: str, version: str) -> None:
-    clear(gw)
-    resp = post(gw, "/validated/", envelope(INVALID[payload], version), version)
+    gw.clear()
+    resp = gw.post("/validated/", envelope(INVALID[payload], version), version)
     assert resp.status_code == 500
     assert top_code(resp) == ("Client" if version == "1.1" else "Sender"), resp.text
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 def test_valid_request_and_response_pass(gw: Any) -> None:
-    clear(gw)
-    resp = post(gw, "/validated/", envelope(op("<d:text>fine</d:text><d:text>twice</d:text>")))
+    gw.clear()
+    resp = gw.post("/validated/", envelope(op("<d:text>fine</d:text><d:text>twice</d:text>")))
     assert resp.status_code == 200, resp.text
     assert etree.fromstring(resp.content).findtext(f".//{{{DEMO}}}echoResponse/{{{DEMO}}}text") == "fine"
-    assert len(received(gw)) == 1
+    assert len(gw.received()) == 1
 
 
 def test_comments_and_cdata_do_not_hide_invalid_text(gw: Any) -> None:
-    clear(gw)
+    gw.clear()
     split = op(f"<d:text>{'x' * 40}<!-- -->{'y' * 40}</d:text>")
-    assert post(gw, "/validated/", envelope(split)).status_code == 500
+    assert gw.post("/validated/", envelope(split)).status_code == 500
     cdata = op(f"<d:text><![CDATA[{'x' * 65}]]></d:text>")
-    assert post(gw, "/validated/", envelope(cdata)).status_code == 500
-    assert received(gw) == []
+    assert gw.post("/validated/", envelope(cdata)).status_code == 500
+    assert gw.received() == []
 
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 def test_invalid_backend_response_is_a_502_server_fault(gw: Any, version: str) -> None:
     """The request is not validated on this route; the backend echoes what the response schema does not allow."""
-    clear(gw)
-    resp = post(gw, "/responses/", envelope(op("<d:unexpected/>"), version), version)
+    gw.clear()
+    resp = gw.post("/responses/", envelope(op("<d:unexpected/>"), version), version)
     assert resp.status_code == 502
     assert top_code(resp) == ("Server" if version == "1.1" else "Receiver"), resp.text
-    assert len(received(gw)) == 1  # the backend answered; its answer did not leave the gateway
+    assert len(gw.received()) == 1  # the backend answered; its answer did not leave the gateway
     assert b"unexpected" not in resp.content
 
 
 def test_backend_faults_are_passed_not_validated(gw: Any) -> None:
-    resp = post(gw, "/responses/", envelope(op("", name="fault")))
+    resp = gw.post("/responses/", envelope(op("", name="fault")))
     assert resp.status_code == 500 and top_code(resp) == "Server"
     assert b"The gateway could not process" not in resp.content  # the backend's own fault
 
 
 def test_precise_reason_logged_without_the_payload_values(gw: Any) -> None:
-    post(gw, "/validated/", envelope(op("<d:text>hunter2-" + "s" * 60 + "</d:text>")))
+    gw.post("/validated/", envelope(op("<d:text>hunter2-" + "s" * 60 + "</d:text>")))
     log = (gw.logs / "filter-0.log").read_text()
     line = next(x for x in reversed(log.splitlines()) if "schema invalid: request payload" in x)
     assert "maxLength" in line and "{urn:wsgate:demo}text" in line
     assert "hunter2" not in log
 
 
-def test_signed_encrypted_request_validated_after_decryption(gw: Any, pki: Path) -> None:
-    route = Route.model_validate({**_routes(pki)[2], "upstream": {"address": "127.0.0.1:1"}})
-    client = client_for(route, pki, encrypt=True)
-    clear(gw)
+def test_signed_encrypted_request_validated_after_decryption(gw: LiveGateway) -> None:
+    client = gw.client("sealed", encrypt=True)
+    gw.clear()
     secured, pending = client.secure(echo("sealed and valid"))
     assert DEMO.encode() not in secured  # the payload travels encrypted: only the gateway can validate it
-    resp = post(gw, "/sealed/", secured)
+    resp = gw.post("/sealed/", secured)
     assert resp.status_code == 200, resp.text
     assert client.open(resp.content, pending).body.findtext(f".//{{{DEMO}}}text") == "sealed and valid"
-    assert len(received(gw)) == 1
+    assert len(gw.received()) == 1
 
-    clear(gw)
+    gw.clear()
     secured, _ = client.secure(echo("x" * 65))  # well formed, signed, encrypted: and invalid inside
-    resp = post(gw, "/sealed/", secured)
+    resp = gw.post("/sealed/", secured)
     assert resp.status_code == 500 and top_code(resp) == "Client", resp.text
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 # ---------------------------------------------------------------------------------------------------------

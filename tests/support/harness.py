@@ -92,10 +92,10 @@ class LiveGateway:
         return self.gw.policies.route(name)
 
     def url(self, route: str, path: str = "demo", *, tls: bool = False) -> str:
-        """`path` under the route's prefix; `route` may also be a path of its own ("/x/../rsa/demo")."""
-        prefix = route if route.startswith("/") else self.route(route).match.path_prefix
+        """`path` under the named route's prefix, or `route` itself when it is a path ("/x/../rsa/demo")."""
+        target = route if route.startswith("/") else f"{self.route(route).match.path_prefix.rstrip('/')}/{path}"
         port = self.gw.opts.https_port if tls else self.gw.opts.http_port
-        return f"{'https' if tls else 'http'}://127.0.0.1:{port}{prefix}{path if prefix.endswith('/') else ''}"
+        return f"{'https' if tls else 'http'}://127.0.0.1:{port}{target}"
 
     def post(
         self, route: str, body: bytes, version: str = "1.1", *, path: str = "demo", tls: bool = False,
