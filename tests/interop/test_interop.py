@@ -18,7 +18,6 @@ import shutil
 import string
 import subprocess
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from filters.engine.engine import Exchange
 from filters.engine.profiles import SecuredPipeline
 from filters.stores.factory import RouteStores
 from gateway.policy import Route
-from tests.support.harness import running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.wss_helpers import DEMO, client_for, echo, echo_response, make_route, route_doc
 
 try:
@@ -102,21 +101,8 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
-    with running_gateway(tmp_path_factory.mktemp("interop-gw"), _routes(pki), pki) as g:
-        yield g
-
-
-def gateway_url(gw: Any, path: str) -> str:
-    return f"http://127.0.0.1:{gw.opts.http_port}{path}"
-
-
-def received(gw: Any) -> list[dict[str, Any]]:
-    return requests.get(f"http://{gw.backend_addr}/_received", timeout=5).json()
-
-
-def clear_received(gw: Any) -> None:
-    requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(_routes(pki))
 
 
 def assert_plain_soap(body: bytes | str, text: str) -> etree._Element:
@@ -131,8 +117,8 @@ def assert_plain_soap(body: bytes | str, text: str) -> etree._Element:
 
 
 def backend_got(gw: Any, text: str) -> dict[str, Any]:
-    """The one request the backend received since the last clear_received(): plain SOAP carrying `text`."""
-    got = received(gw)
+    """The one request the backend received since the last clear(): plain SOAP carrying `text`."""
+    got = gw.received()
     assert len(got) == 1, got
     assert_plain_soap(got[0]["body"], text)
     return got[0]
@@ -237,7 +223,7 @@ def zeep_signer(pki: Path, sha256: bool) -> Any:
 def zeep_service(gw: Any, route_name: str, wsse: Any, history: Any, ca: Path | None = None) -> Any:
     """zeep's service on a route, over HTTPS trusting `ca` when given."""
     transport = None
-    url = gateway_url(gw, f"/{route_name}/echo")
+    url = gw.url(f"/{route_name}/echo")
     if ca is not None:
         session = requests.Session()
         session.verify = str(ca)
@@ -294,7 +280,7 @@ def test_zeep_signed_envelope_accepted_by_engine(need_zeep: None, pki: Path) -> 
 def test_zeep_binary_signature_accepted_and_reply_verified_by_zeep(
     need_zeep: None, gw: Any, pki: Path, route_name: str, sha256: bool, method: str, digest: str
 ) -> None:
-    clear_received(gw)
+    gw.clear()
     history = HistoryPlugin()
     sign = SignWithClientVerifyGateway(zeep_signer(pki, sha256), (pki / "gateway-sign.pem").read_bytes())
     service = zeep_service(gw, route_name, Compose([ZeepTimestamp(), sign]), history)
@@ -315,12 +301,12 @@ def test_zeep_binary_signature_accepted_and_reply_verified_by_zeep(
 
 
 def test_zeep_default_rsa_sha1_refused_where_policy_wants_sha256(need_zeep: None, gw: Any, pki: Path) -> None:
-    clear_received(gw)
+    gw.clear()
     service = zeep_service(gw, "rsa", Compose([ZeepTimestamp(), SignOnly(zeep_signer(pki, sha256=False))]), None)
     with pytest.raises(ZeepFault) as refused:
         service.echo(text="sha1 is not allowed here")
     assert "UnsupportedAlgorithm" in str(refused.value.code), (refused.value.code, refused.value.message)
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 @pytest.mark.parametrize(
@@ -331,7 +317,7 @@ def test_zeep_username_token_with_binary_signature(
 ) -> None:
     """The UsernameToken route also requires an X.509 signature (every secured profile does), so zeep sends its
     UsernameToken (with the Timestamp zeep's docs add through timestamp_token) and signs with BinarySignature."""
-    clear_received(gw)
+    gw.clear()
     history = HistoryPlugin()
     token = UsernameToken(user, DEMO_USERS[user], use_digest=digest, timestamp_token=zeep_timestamp())
     sign = SignWithClientVerifyGateway(zeep_signer(pki, sha256=True), (pki / "gateway-sign.pem").read_bytes())
@@ -349,13 +335,13 @@ def test_zeep_username_token_with_binary_signature(
 
 
 def test_zeep_username_token_wrong_password_refused(need_zeep: None, gw: Any, pki: Path) -> None:
-    clear_received(gw)
+    gw.clear()
     token = UsernameToken("bob", "not-bobs-password", use_digest=True, timestamp_token=zeep_timestamp())
     service = zeep_service(gw, "ut", Compose([token, SignOnly(zeep_signer(pki, sha256=True))]), None, ca=pki / "ca.pem")
     with pytest.raises(ZeepFault) as refused:
         service.echo(text="let me in")
     assert "FailedAuthentication" in str(refused.value.code), (refused.value.code, refused.value.message)
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -450,10 +436,10 @@ def test_xmlsec1_signed_request_accepted_by_engine(pki: Path, tmp_path: Path) ->
 def test_xmlsec1_signed_request_through_gateway_and_reply_verified_by_xmlsec1(
     gw: Any, pki: Path, tmp_path: Path
 ) -> None:
-    clear_received(gw)
+    gw.clear()
     signed = xmlsec1_signed_request(pki, tmp_path, "xmlsec1 end to end")
 
-    r = requests.post(gateway_url(gw, "/rsa/echo"), data=signed, headers={"content-type": "text/xml"}, timeout=10)
+    r = requests.post(gw.url("/rsa/echo"), data=signed, headers={"content-type": "text/xml"}, timeout=10)
 
     assert r.status_code == 200, r.text
     got = backend_got(gw, "xmlsec1 end to end")
@@ -462,9 +448,9 @@ def test_xmlsec1_signed_request_through_gateway_and_reply_verified_by_xmlsec1(
     assert done.returncode == 0, done.stderr
     assert "SignedInfo References (ok/all): 2/2" in done.stderr
     # The same message again is a replay.
-    again = requests.post(gateway_url(gw, "/rsa/echo"), data=signed, headers={"content-type": "text/xml"}, timeout=10)
+    again = requests.post(gw.url("/rsa/echo"), data=signed, headers={"content-type": "text/xml"}, timeout=10)
     assert again.status_code == 500
-    assert len(received(gw)) == 1
+    assert len(gw.received()) == 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -606,9 +592,9 @@ def test_wss4j_layout_accepted_by_engine(pki: Path, version: str) -> None:
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 def test_wss4j_layout_through_gateway(gw: Any, pki: Path, version: str) -> None:
-    clear_received(gw)
+    gw.clear()
     content_type = "application/soap+xml; charset=utf-8" if version == "1.2" else "text/xml; charset=utf-8"
-    r = requests.post(gateway_url(gw, "/rsa/echo"), data=wss4j_request(pki, "WSS4J end to end", version),
+    r = requests.post(gw.url("/rsa/echo"), data=wss4j_request(pki, "WSS4J end to end", version),
                       headers={"content-type": content_type}, timeout=10)  # fmt: skip
     assert r.status_code == 200, r.text
     assert etree.fromstring(r.content).find(f".//{SECURITY}/{SIGNATURE}") is not None

@@ -22,9 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from lxml import etree
 
-from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig, http_post
-from tests.support.harness import clear, content_type, fault_code, received, running_gateway
+from gateway.tools.client import http_post
+from tests.support.harness import GatewayFactory, LiveGateway, content_type, fault_code
 from tests.support.wss4j import (
     DS,
     WSA,
@@ -72,9 +71,8 @@ def wss4j() -> Iterator[Wss4j]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
-    with running_gateway(tmp_path_factory.mktemp("wss4j-gw"), _routes(pki), pki) as g:
-        yield g
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(_routes(pki))
 
 
 @pytest.fixture(scope="module")
@@ -83,23 +81,18 @@ def psk(pki: Path) -> str:
     return yaml.safe_load((pki / "hmac-keys.yaml").read_text())["keys"]["demo-client"]
 
 
-def url(gw: Any, route: str) -> str:
-    return f"http://127.0.0.1:{gw.opts.http_port}/{route}/echo"
-
-
 def request(gw: Any, route: str, version: str, text: str) -> bytes:
-    return addressed(text, version, url(gw, route), ACTION, f"urn:uuid:{uuid.uuid4()}")
+    return addressed(text, version, gw.url(route, "echo"), ACTION, f"urn:uuid:{uuid.uuid4()}")
 
 
 def post(gw: Any, route: str, body: str | bytes, version: str) -> requests.Response:
     """POST as CXF does: the SOAP action (SOAPAction for 1.1, the action parameter for 1.2) is the signed wsa:Action."""
     data = body.encode() if isinstance(body, str) else body
-    headers = {"content-type": content_type(version)}
     if version == "1.2":
-        headers["content-type"] += f'; action="{ACTION}"'
+        headers = {"content-type": f'{content_type(version)}; action="{ACTION}"'}
     else:
-        headers["soapaction"] = f'"{ACTION}"'
-    return requests.post(url(gw, route), data=data, headers=headers, timeout=30)
+        headers = {"soapaction": f'"{ACTION}"'}
+    return gw.post(route, data, version, path="echo", headers=headers, timeout=30)
 
 
 def verify(wss4j: Wss4j, pki: Path, reply: bytes, **params: Any) -> dict[str, Any]:
@@ -111,7 +104,7 @@ def verify(wss4j: Wss4j, pki: Path, reply: bytes, **params: Any) -> dict[str, An
 def backend_got(gw: Any, text: str, version: str, message_id: bytes) -> dict[str, Any]:
     """The one request the backend received: plain SOAP of the request's version, no WS-Security left, the
     signed WS-Addressing headers passed on as the client sent them."""
-    got = received(gw)
+    got = gw.received()
     assert len(got) == 1, got
     body = got[0]["body"].encode()
     assert WSSE.encode() not in body and b"EncryptedData" not in body, body
@@ -149,7 +142,7 @@ def signed(verified: dict[str, Any], version: str) -> set[str]:
 
 def exchange(gw: Any, route: str, version: str, secured: str, text: str, xml: bytes) -> requests.Response:
     """Send a WSS4J-secured request; it must pass, and the backend must get plain SOAP."""
-    clear(gw)
+    gw.clear()
     resp = post(gw, route, secured, version)
     assert resp.status_code == 200, resp.text
     backend_got(gw, text, version, message_id(xml))
@@ -172,7 +165,7 @@ def test_wss4j_pre_shared_key_request_accepted_and_reply_verified_with_bsp(
             "parts": signed_parts(version)}  # fmt: skip
     secured = wss4j.secure(xml, [{"do": "timestamp"}, sign], layout="append")["xml"]
     resp = exchange(gw, "psk", version, secured, text, xml)
-    assert received(gw)[0]["headers"]["x-wsgate-subject"] == "key:demo-client"
+    assert gw.received()[0]["headers"]["x-wsgate-subject"] == "key:demo-client"
     verified = verify(wss4j, pki, resp.content, secrets={"demo-client": psk})
     signed(verified, version)
     assert verified["signature_key_sha256"] == hashlib.sha256(base64.b64decode(psk)).hexdigest()
@@ -187,7 +180,7 @@ def test_wss4j_x509_request_accepted_and_reply_verified_with_bsp(
     xml = request(gw, "rsa", version, text)
     secured = wss4j.secure(xml, [{"do": "timestamp"}, x509_sign(pki, signed_parts(version))])["xml"]
     resp = exchange(gw, "rsa", version, secured, text, xml)
-    assert received(gw)[0]["headers"]["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
+    assert gw.received()[0]["headers"]["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
     verified = verify(wss4j, pki, resp.content)
     signed(verified, version)
     assert verified["signer_der"] == der(pki / "gateway-sign.pem")
@@ -249,7 +242,7 @@ def test_wss4j_encrypted_username_token_request_accepted_and_reply_verified_with
     got = wss4j.secure(xml, steps, layout="append")
     assert "bob" not in got["xml"]  # the token travels encrypted
     resp = exchange(gw, "username", version, got["xml"], text, xml)
-    assert received(gw)[0]["headers"]["x-wsgate-subject"] == "bob"
+    assert gw.received()[0]["headers"]["x-wsgate-subject"] == "bob"
     verified = verify(wss4j, pki, resp.content)
     signed(verified, version)
     assert verified["signature_key_sha256"] == got["session_key_sha256"]
@@ -264,9 +257,8 @@ def test_wss4j_derived_key_request_in_a_gateway_context_accepted_and_reply_verif
     """secureconversation: the context is issued by the gateway (WS-Trust Issue by the project's client); WSS4J
     signs with a DerivedKeyToken from its secret, the SCT in the header (CXF's IncludeToken) or named by its
     Identifier; the gateway's reply (derived keys, signed and encrypted) is verified and decrypted by WSS4J."""
-    doc = next(r for r in yaml.safe_load((gw.opts.policies / "routes.yaml").read_text())["routes"] if r["name"] == "sc")
-    client = Client(Route.model_validate(doc), ClientConfig(certs=pki))
-    ctx = client.establish(http_post(url(gw, "sc")), soap_version=version)
+    client = gw.client("sc")
+    ctx = client.establish(http_post(gw.url("sc", "echo")), soap_version=version)
     secret = base64.b64encode(ctx.secret).decode()
     text = f"sc-{version}"
     xml = request(gw, "sc", version, text)
@@ -277,7 +269,7 @@ def test_wss4j_derived_key_request_in_a_gateway_context_accepted_and_reply_verif
     ]
     secured = wss4j.secure(xml, steps, layout="append")["xml"]
     resp = exchange(gw, "sc", version, secured, text, xml)
-    assert received(gw)[0]["headers"]["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
+    assert gw.received()[0]["headers"]["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
     verified = verify(wss4j, pki, resp.content, secrets={ctx.identifier: secret})
     signed(verified, version)
     assert "DerivedKeyToken" in verified["actions"]
@@ -291,11 +283,10 @@ def test_wss4j_derived_key_request_in_a_gateway_context_accepted_and_reply_verif
 
 
 @pytest.fixture(scope="module")
-def gw_encrypted_signature(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
+def gw_encrypted_signature(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     route = route_doc(pki, "rsa", name="rsa-encrypted", signature=ADDRESSING,
                       encryption={**ENCRYPTED, "encrypt_signature": True})  # fmt: skip
-    with running_gateway(tmp_path_factory.mktemp("wss4j-encsig"), [route], pki) as g:
-        yield g
+    return module_gateway([route])
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -329,7 +320,7 @@ def assert_refused(gw: Any, resp: requests.Response, version: str, *codes: str) 
     assert etree.QName(root).namespace == soap_ns(version)
     assert root.find(f"{{{soap_ns(version)}}}Body/{{{soap_ns(version)}}}Fault") is not None
     assert fault_code(resp) in codes, resp.text
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 TAMPERING = {
@@ -349,7 +340,7 @@ def test_wss4j_request_tampered_after_signing_is_refused(
     secured = wss4j.secure(xml, [{"do": "timestamp"}, x509_sign(pki, signed_parts(version))])["xml"]
     tampered = TAMPERING[where](secured, text)
     assert tampered != secured
-    clear(gw)
+    gw.clear()
     assert_refused(gw, post(gw, "rsa", tampered, version), version, "FailedCheck")
 
 
@@ -359,7 +350,7 @@ def test_wss4j_request_signed_by_an_untrusted_certificate_is_refused(
 ) -> None:
     xml = request(gw, "rsa", version, "rogue")
     secured = wss4j.secure(xml, [{"do": "timestamp"}, x509_sign(pki, signed_parts(version), stem="rogue")])["xml"]
-    clear(gw)
+    gw.clear()
     assert_refused(gw, post(gw, "rsa", secured, version), version, "FailedAuthentication")
 
 
@@ -371,7 +362,7 @@ def test_wss4j_request_signed_with_an_unknown_pre_shared_key_is_refused(gw: Any,
     sign = {"do": "sign", "with": "psk", "name": "stranger", "secret": made_up, "value_type": PRE_SHARED_KEY,
             "parts": signed_parts(version)}  # fmt: skip
     secured = wss4j.secure(xml, [{"do": "timestamp"}, sign], layout="append")["xml"]
-    clear(gw)
+    gw.clear()
     # SecurityTokenUnavailable once the name is looked up as a key (the bsp branch); InvalidSecurity before.
     assert_refused(gw, post(gw, "psk", secured, version), version, "SecurityTokenUnavailable", "InvalidSecurity")
 
@@ -385,7 +376,7 @@ def test_wss4j_request_with_unsigned_addressing_headers_is_refused(
     xml = request(gw, "rsa", version, "unsigned-wsa")
     parts = signed_parts(version, addressing=False)
     secured = wss4j.secure(xml, [{"do": "timestamp"}, x509_sign(pki, parts)])["xml"]
-    clear(gw)
+    gw.clear()
     assert_refused(gw, post(gw, "rsa", secured, version), version, "InvalidSecurity")
 
 
@@ -393,7 +384,7 @@ def test_wss4j_request_replayed_is_refused(gw: Any, pki: Path, wss4j: Wss4j) -> 
     xml = request(gw, "rsa", "1.2", "once")
     secured = wss4j.secure(xml, [{"do": "timestamp"}, x509_sign(pki, signed_parts("1.2"))])["xml"]
     exchange(gw, "rsa", "1.2", secured, "once", xml)
-    clear(gw)
+    gw.clear()
     assert_refused(gw, post(gw, "rsa", secured, "1.2"), "1.2", "InvalidSecurity")
 
 
