@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import requests
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
@@ -25,7 +24,7 @@ from gateway.tools import demo_backend
 from gateway.tools.client import Client, ClientConfig, ClientError
 from loadtest import messages
 from tests.support.fifo_probe import DECLARES_DTD, FifoProbe, encodings, fifo_probe, hostile_documents
-from tests.support.harness import running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.wss_helpers import DEMO, echo, route_doc
 
 SMALL_ELEMENTS = Limits(max_elements=40)  # a few dozen elements more take the incremental parse
@@ -210,7 +209,7 @@ def recorder() -> Iterator[http.server.ThreadingHTTPServer]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, recorder: http.server.ThreadingHTTPServer):
+def gw(module_gateway: GatewayFactory, pki: Path, recorder: http.server.ThreadingHTTPServer) -> LiveGateway:
     backend = f"127.0.0.1:{recorder.server_address[1]}"
     sc = {"store": "sealed", "master_keys_file": str(pki / "sct-master-keys.yaml")}
     routes = [
@@ -219,31 +218,16 @@ def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, recorder: http.serve
         {**route_doc(pki, "rsa", name="rsa"), "upstream": {"address": backend}},
         {**route_doc(pki, "secureconversation", name="sc", secureconversation=sc), "upstream": {"address": backend}},
     ]
-    with running_gateway(tmp_path_factory.mktemp("parser"), routes, pki) as g:
-        yield g
+    return module_gateway(routes)
 
 
-def _post(gw, route: str, body: bytes, ctype: str | None) -> requests.Response:
-    headers = {"content-type": ctype} if ctype else {}
-    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{route}/demo", data=body, headers=headers, timeout=10)
-
-
-def _client(gw, route: str, pki: Path) -> Client:
-    import yaml
-
-    doc = next(
-        r for r in yaml.safe_load((gw.opts.policies / "routes.yaml").read_text())["routes"] if r["name"] == route
-    )
-    return Client(Route.model_validate(doc), ClientConfig(certs=pki))
-
-
-def test_no_parser_in_the_running_gateway_opens_a_file(gw, recorder, pki: Path, tmp_path: Path) -> None:
+def test_no_parser_in_the_running_gateway_opens_a_file(gw, recorder, tmp_path: Path) -> None:
     recorder.received.clear()
     with fifo_probe(tmp_path) as probe:
         for route in ("xml", "hmac", "rsa", "sc"):
             for kind in DECLARES_DTD:
                 for enc, data in encodings(hostile_documents(probe.url)[kind]).items():
-                    r = _post(gw, route, data, "text/xml; charset=utf-8")
+                    r = gw.post(route, data)
                     assert r.status_code in (400, 500) and b"Fault" in r.content, (route, kind, enc)
         assert recorder.received == []
         # The backend's reply, on the way back.
@@ -251,9 +235,9 @@ def test_no_parser_in_the_running_gateway_opens_a_file(gw, recorder, pki: Path, 
             for kind in DECLARES_DTD:
                 for enc, data in encodings(hostile_documents(probe.url)[kind]).items():
                     recorder.reply = ("text/xml", data)
-                    request = echo() if route == "xml" else _client(gw, route, pki).secure(echo())[0]
+                    request = echo() if route == "xml" else gw.client(route).secure(echo())[0]
                     try:
-                        r = _post(gw, route, request, "text/xml; charset=utf-8")
+                        r = gw.post(route, request)
                     finally:
                         recorder.reply = None
                     assert r.status_code == 502 and b"Fault" in r.content, (route, kind, enc)
@@ -290,13 +274,13 @@ LABELS = ["text/xml; charset=iso-8859-1", "text/xml; charset=utf-8", "text/xml",
 
 @pytest.mark.parametrize("form", ["utf-8", "utf-16le bom", "utf-16be bom", "utf-16le declared"])
 @pytest.mark.parametrize("route", ["xml", "hmac", "rsa"])
-def test_backend_gets_a_content_type_naming_the_bytes_encoding(gw, recorder, pki: Path, route: str, form: str) -> None:
+def test_backend_gets_a_content_type_naming_the_bytes_encoding(gw, recorder, route: str, form: str) -> None:
     for label in LABELS:
         version = "1.2" if label and "soap+xml" in label else "1.1"
         plain = echo(TEXT, version)
-        sent = _as(plain if route == "xml" else _client(gw, route, pki).secure(plain)[0], form)
+        sent = _as(plain if route == "xml" else gw.client(route).secure(plain)[0], form)
         recorder.received.clear()
-        r = _post(gw, route, sent, label)
+        r = gw.post(route, sent, headers={"content-type": label})  # None: sent without one
         assert r.status_code == 200, (label, r.content[:300])
         [(ctype, body)] = recorder.received
         assert _read_as_labelled(ctype, body) == TEXT, (label, ctype)
@@ -311,13 +295,13 @@ def test_backend_gets_a_content_type_naming_the_bytes_encoding(gw, recorder, pki
 
 @pytest.mark.parametrize("form", ["utf-16le bom", "utf-16be bom", "utf-16le declared"])
 @pytest.mark.parametrize("route", ["xml", "hmac"])
-def test_client_gets_a_content_type_naming_the_reply_encoding(gw, recorder, pki: Path, route: str, form: str) -> None:
+def test_client_gets_a_content_type_naming_the_reply_encoding(gw, recorder, route: str, form: str) -> None:
     reply = _as(demo_backend.handle_soap(echo(TEXT), "text/xml")[2], form)
-    client = _client(gw, "hmac", pki)
+    client = gw.client("hmac")
     request, pending = (echo(), None) if route == "xml" else client.secure(echo())
     recorder.reply = ("text/xml; charset=utf-8", reply)  # a backend with the wrong label
     try:
-        r = _post(gw, route, request, "text/xml; charset=utf-8")
+        r = gw.post(route, request)
     finally:
         recorder.reply = None
     assert r.status_code == 200
