@@ -8,7 +8,6 @@ a layout that puts a Signature before what it needs is refused by Membrane and L
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,9 @@ from lxml import etree
 
 from filters.engine import ns
 from filters.engine.wss import secure_conversation as sc
-from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig, ClientError, Post, http_post
+from gateway.tools.client import ClientError, Post, http_post
 from tests.support import bsp
-from tests.support.harness import running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.wss_helpers import DEMO, echo, route_doc
 
 BOTH_WAYS = {"require_request": True, "encrypt_response": True}
@@ -50,21 +48,15 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
-    with running_gateway(tmp_path_factory.mktemp("bsp-gw"), _routes(pki), pki) as g:
-        yield g
-
-
-def route_of(gw: Any, pki: Path, name: str) -> Route:
-    doc = next(r for r in _routes(pki) if r["name"] == name)
-    return Route.model_validate({**doc, "upstream": {"address": gw.backend_addr}})
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(_routes(pki))
 
 
 class Wire:
     """A Post that keeps what went each way."""
 
-    def __init__(self, gw: Any, name: str) -> None:
-        self.post: Post = http_post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo")
+    def __init__(self, gw: LiveGateway, name: str) -> None:
+        self.post: Post = http_post(gw.url(name))
         self.sent: list[bytes] = []
         self.got: list[bytes] = []
 
@@ -124,9 +116,9 @@ CASES = [
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize(("name", "cfg"), CASES, ids=[f"{n}-{'-'.join(c) or 'default'}" for n, c in CASES])
 def test_requests_and_replies_hold_to_the_basic_security_profile(
-    gw: Any, pki: Path, name: str, cfg: dict[str, Any], version: str
+    gw: Any, name: str, cfg: dict[str, Any], version: str
 ) -> None:
-    client = Client(route_of(gw, pki, name), ClientConfig(certs=pki, **cfg))
+    client = gw.client(name, **cfg)
     wire = Wire(gw, name)
     secured, pending = client.secure(echo("bsp", version))
     reply = wire(secured, pending.content_type)
@@ -138,8 +130,8 @@ def test_requests_and_replies_hold_to_the_basic_security_profile(
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize("name", ["rsa-enc", "hmac-encsig"])
-def test_signed_faults_hold_to_the_basic_security_profile(gw: Any, pki: Path, name: str, version: str) -> None:
-    client = Client(route_of(gw, pki, name), ClientConfig(certs=pki))
+def test_signed_faults_hold_to_the_basic_security_profile(gw: Any, name: str, version: str) -> None:
+    client = gw.client(name)
     wire = Wire(gw, name)
     secured, pending = client.secure(fault_request(version))
     reply = wire(secured, pending.content_type)
@@ -152,11 +144,11 @@ def test_signed_faults_hold_to_the_basic_security_profile(gw: Any, pki: Path, na
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize("name", ["sc", "sc-encsig"])
 def test_secure_conversation_and_ws_trust_answers_hold_to_the_basic_security_profile(
-    gw: Any, pki: Path, name: str, version: str
+    gw: Any, name: str, version: str
 ) -> None:
     """Issue (RST signed like rsa, the RSTR carrying the SCT and its references), a message in the context (DKT
     keys), Cancel: every message both ways."""
-    client = Client(route_of(gw, pki, name), ClientConfig(certs=pki))
+    client = gw.client(name)
     wire = Wire(gw, name)
     client.establish(wire, version)
     secured, pending = client.secure(echo("in context", version))
@@ -168,11 +160,10 @@ def test_secure_conversation_and_ws_trust_answers_hold_to_the_basic_security_pro
         assert_conformant(message)
 
 
-def test_the_checker_catches_what_earlier_versions_sent(pki: Path, gw: Any) -> None:
+def test_the_checker_catches_what_earlier_versions_sent(gw: Any) -> None:
     """The checker is not vacuous: a bare ds:KeyName (the reply WSS4J refused), Signature before the Timestamp,
     a Nonce without EncodingType, two Timestamps are each found."""
-    client = Client(route_of(gw, pki, "username"), ClientConfig(certs=pki, key_name="demo-client", user="bob",
-                                                                  password="bob-demo-password"))  # fmt: skip
+    client = gw.client("username", key_name="demo-client", user="bob", password="bob-demo-password")
     client.route = client.route.model_copy(update={"username_token": client.route.username_token.model_copy(
         update={"protection": "tls"})})  # fmt: skip
     root = etree.fromstring(client.secure(echo())[0])
@@ -192,11 +183,10 @@ def test_the_checker_catches_what_earlier_versions_sent(pki: Path, gw: Any) -> N
         assert_layout(etree.tostring(root))
 
 
-def test_the_checker_catches_misplaced_and_unlisted_encryption(pki: Path, gw: Any) -> None:
+def test_the_checker_catches_misplaced_and_unlisted_encryption(gw: Any) -> None:
     """An EncryptedKey after the EncryptedData its list names (R3208), an EncryptedData no list names and with no
     KeyInfo (R3231/R3214, R5629), a PrefixList that misses a prefix in scope (R5405)."""
-    client = Client(route_of(gw, pki, "rsa-username"), ClientConfig(certs=pki, user="bob",
-                                                                      password="bob-demo-password"))  # fmt: skip
+    client = gw.client("rsa-username", user="bob", password="bob-demo-password")
     root = etree.fromstring(client.secure(echo())[0])
     security = root.find(f".//{bsp.SECURITY}")
     ek = security.find(bsp.EK)
