@@ -6,7 +6,6 @@ reach nothing else, the Host header does not choose the published address."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,7 @@ from filters.engine import ns
 from gateway.control import envoy_config, wsdl_publish
 from gateway.policy import Edge, PolicyError, Route, load_dir
 from tests.interop.test_interop import SIGNATURE, SignWithClientVerifyGateway, ZeepTimestamp, need_zeep, zeep_signer
-from tests.support.harness import fault_code, received, write_policies
-from tests.support.harness import running_gateway as running
+from tests.support.harness import GatewayFactory, LiveGateway, fault_code, write_policies
 from tests.support.wss_helpers import DEMO, echo, route_doc
 
 __all__ = ["need_zeep"]  # a fixture, used by name
@@ -49,17 +47,17 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
-    with running(tmp_path_factory.mktemp("wsdl-publish"), _routes(pki), pki) as g:
-        yield g
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(_routes(pki))
 
 
-def base(gw: Any) -> str:
+def base(gw: LiveGateway) -> str:
+    """The address the gateway publishes in its WSDLs."""
     return f"http://127.0.0.1:{gw.opts.http_port}"
 
 
-def get(gw: Any, target: str, **kw: Any) -> requests.Response:
-    return requests.get(base(gw) + target, timeout=10, **kw)
+def get(gw: LiveGateway, target: str, **kw: Any) -> requests.Response:
+    return requests.get(gw.url(target), timeout=10, **kw)
 
 
 def parsed(resp: requests.Response) -> etree._Element:
@@ -103,14 +101,14 @@ def test_post_with_wsdl_query_is_still_a_secured_request(gw: Any) -> None:
     resp = requests.post(base(gw) + "/echo-rsa/service?wsdl", data=echo("unsigned"),
                          headers={"content-type": "text/xml; charset=utf-8"}, timeout=10)  # fmt: skip
     assert resp.status_code == 500 and "InvalidSecurity" in fault_code(resp), resp.text[:300]
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 @pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS"])
 def test_other_methods_with_wsdl_query_are_refused(gw: Any, method: str) -> None:
     resp = requests.request(method, base(gw) + "/echo-rsa/service?wsdl", timeout=10)
     assert resp.status_code == 405
-    assert received(gw) == [] or all(r["method"] == "POST" for r in received(gw))
+    assert gw.received() == [] or all(r["method"] == "POST" for r in gw.received())
 
 
 @pytest.mark.parametrize(
@@ -122,7 +120,7 @@ def test_path_tricks_reach_no_other_document_or_route(gw: Any, target: str) -> N
     resp = get(gw, target)
     assert resp.status_code in (400, 404, 405), (target, resp.status_code)
     assert b"definitions" not in resp.content
-    assert all(r["method"] == "POST" for r in received(gw))  # nothing but POSTs ever reached the backend
+    assert all(r["method"] == "POST" for r in gw.received())  # nothing but POSTs ever reached the backend
 
 
 def test_host_header_does_not_choose_the_published_address(gw: Any) -> None:
@@ -216,7 +214,7 @@ def test_zeep_client_from_published_wsdl_calls_validated_xml_route(need_zeep: No
     client = zeep.Client(f"{base(gw)}/echo/service?wsdl")
     service = client.bind("EchoService", "EchoPort")
     assert service.echo(text=["from the published WSDL"]) == ["from the published WSDL"]
-    got = received(gw)
+    got = gw.received()
     assert len(got) == 1 and got[0]["path"] == "/echo/service"
     # Schema validation is on: what zeep's schema allows but the published one does not, the gateway refuses.
     with pytest.raises(zeep.exceptions.Fault):
@@ -240,6 +238,6 @@ def test_zeep_binary_signature_through_secured_route_from_published_wsdl(need_ze
 
     assert sign.verified == 1  # zeep checked the gateway's signature on the reply
     assert history.last_sent["envelope"].find(f".//{SIGNATURE}") is not None
-    got = received(gw)
+    got = gw.received()
     assert len(got) == 1 and got[0]["headers"]["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
     assert "Security" not in got[0]["body"] and f"{{{DEMO}}}" not in got[0]["body"]  # plain SOAP, prefixed
