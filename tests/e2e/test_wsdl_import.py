@@ -15,9 +15,8 @@ import requests
 import yaml
 
 from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig
 from gateway.tools.wsdl_import import WsdlImportError, import_wsdl
-from tests.support.harness import content_type, received, running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.wss_helpers import DEMO, echo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -303,7 +302,7 @@ def _for_gateway(route: dict, pki: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def imported_gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
+def imported_gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     routes = [
         imported("cxf-wsdl-first-https.wsdl")["soapport"].route,
         imported("cxf-DoubleItPolicyOperation.wsdl")["doubleitport"].route,
@@ -311,24 +310,17 @@ def imported_gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
         imported("wcf-wssec10/WsSecurity10.wsdl")["username-ipingservice"].route,
     ]
     routes[2] = {**routes[2], "name": "greeter-hmac", "match": {"path_prefix": "/hmac/SoapContext/SoapPort"}}
-    with running_gateway(tmp_path_factory.mktemp("wsdlimport"), [_for_gateway(r, pki) for r in routes], pki) as gw:
-        yield gw
+    return module_gateway([_for_gateway(r, pki) for r in routes])
 
 
-def _post(gw, path: str, body: bytes, action: str | None = None, version: str = "1.1") -> requests.Response:
-    headers = {"content-type": content_type(version), **({"soapaction": f'"{action}"'} if action else {})}
-    return requests.post(f"http://127.0.0.1:{gw.opts.http_port}{path}", data=body, headers=headers, timeout=10)
-
-
-def _route(gw, name: str) -> Route:
-    doc = yaml.safe_load((gw.opts.policies / "routes.yaml").read_text())["routes"]
-    return Route.model_validate({**next(r for r in doc if r["name"] == name), "upstream": {"address": "h:1"}})
+def _post(gw: LiveGateway, path: str, body: bytes, action: str | None = None) -> requests.Response:
+    return gw.post(path, body, headers={"soapaction": f'"{action}"'} if action else None)
 
 
 def test_imported_xml_route_forwards_well_formed_soap(imported_gw) -> None:
     resp = _post(imported_gw, "/SoapContext/SoapPort", echo("plain import"))
     assert resp.status_code == 200, resp.text
-    assert "plain import" in received(imported_gw)[-1]["body"]
+    assert "plain import" in imported_gw.received()[-1]["body"]
 
 
 @pytest.mark.parametrize(
@@ -339,14 +331,14 @@ def test_imported_xml_route_forwards_well_formed_soap(imported_gw) -> None:
     ],
 )
 def test_imported_secured_route_round_trip_with_the_project_client(
-    imported_gw, pki: Path, name: str, path: str, cfg: dict, identity: str
+    imported_gw, name: str, path: str, cfg: dict, identity: str
 ) -> None:
-    client = Client(_route(imported_gw, name), ClientConfig(certs=pki, **cfg))
+    client = imported_gw.client(name, **cfg)
     secured, pending = client.secure(echo("secured import"))
     resp = _post(imported_gw, path, secured)
     assert resp.status_code == 200, resp.text
     assert client.open(resp.content, pending).body.findtext(f".//{{{DEMO}}}text") == "secured import"
-    got = received(imported_gw)[-1]
+    got = imported_gw.received()[-1]
     assert "secured import" in got["body"] and "Security" not in got["body"]
     assert got["headers"].get("x-wsgate-subject") == identity
 
