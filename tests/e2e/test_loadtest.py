@@ -24,7 +24,7 @@ import yaml
 
 from loadtest import bench, engine_cpu, large, optimizations
 from loadtest.messages import PROFILES, CheckFailed, Factory
-from tests.support.harness import running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_POLICIES = REPO / "loadtest" / "policies" / "bench.yaml"
@@ -87,9 +87,8 @@ def test_extproc_latencies_from_envoys_access_log() -> None:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path):
-    with running_gateway(tmp_path_factory.mktemp("load"), bench_routes(pki), pki, workers=2) as g:
-        yield g
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(bench_routes(pki), workers=2)
 
 
 def test_factory_messages_accepted_once(gw, pki: Path) -> None:

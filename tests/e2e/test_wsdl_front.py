@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from filters.engine import ns
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig
 from tests.interop.test_interop import SignWithClientVerifyGateway, ZeepTimestamp, zeep_signer
-from tests.support.harness import content_type, fault_code, received, running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway, content_type, fault_code
 from tests.support.wss_helpers import DEMO
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,9 +45,8 @@ def imported(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> dict[str, A
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, imported: dict[str, Any]) -> Iterator[Any]:
-    with running_gateway(tmp_path_factory.mktemp("front-gw"), [imported], pki) as g:
-        yield g
+def gw(module_gateway: GatewayFactory, imported: dict[str, Any]) -> LiveGateway:
+    return module_gateway([imported])
 
 
 def test_imported_policy_is_what_the_wsdl_asks_and_passes_check(imported: dict[str, Any], tmp_path: Path) -> None:
@@ -62,7 +60,7 @@ def test_imported_policy_is_what_the_wsdl_asks_and_passes_check(imported: dict[s
 
 
 def test_published_wsdl_points_clients_at_the_gateway_with_its_policy(gw: Any) -> None:
-    resp = requests.get(f"http://127.0.0.1:{gw.opts.http_port}/demo/echo?wsdl", timeout=10)
+    resp = requests.get(gw.url("/demo/echo?wsdl"), timeout=10)
     assert resp.status_code == 200
     root = etree.fromstring(resp.content)
     assert root.find(f".//{SOAP_ADDRESS}").get("location") == f"http://127.0.0.1:{gw.opts.http_port}/demo/echo"
@@ -73,10 +71,10 @@ def test_published_wsdl_points_clients_at_the_gateway_with_its_policy(gw: Any) -
 def test_zeep_from_the_published_wsdl_makes_a_signed_call_the_backend_gets_plain(gw: Any, pki: Path) -> None:
     requests.delete(f"http://{gw.backend_addr}/_received", timeout=5)
     sign = SignWithClientVerifyGateway(zeep_signer(pki, sha256=True), (pki / "gateway-sign.pem").read_bytes())
-    client = zeep.Client(f"http://127.0.0.1:{gw.opts.http_port}/demo/echo?wsdl", wsse=Compose([ZeepTimestamp(), sign]))
+    client = zeep.Client(gw.url("/demo/echo?wsdl"), wsse=Compose([ZeepTimestamp(), sign]))
     assert client.service.echo(text="from the published WSDL") == "from the published WSDL"
     assert sign.verified == 1  # zeep checked the gateway's signature on the reply
-    got = received(gw)
+    got = gw.received()
     assert len(got) == 1 and "Security" not in got[0]["body"]
     assert got[0]["headers"]["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
 
@@ -90,9 +88,9 @@ def test_a_signed_request_the_wsdl_schema_forbids_never_reaches_the_backend(
     body = f'<d:echo xmlns:d="{DEMO}"><d:text>one</d:text><d:text>two</d:text></d:echo>'
     envelope = f'<s:Envelope xmlns:s="http://schemas.xmlsoap.org/soap/envelope/"><s:Body>{body}</s:Body></s:Envelope>'
     secured, _ = client.secure(envelope.encode())
-    resp = requests.post(f"http://127.0.0.1:{gw.opts.http_port}/demo/echo", data=secured, timeout=10,
+    resp = requests.post(gw.url("/demo/echo"), data=secured, timeout=10,
                          headers={"content-type": content_type("1.1"), "soapaction": '"urn:wsgate:demo#echo"'})  # fmt: skip
     assert resp.status_code == 500
     assert fault_code(resp) == "Client"
-    assert received(gw) == []
+    assert gw.received() == []
     assert "schema invalid: request payload" in (gw.logs / "filter-0.log").read_text()
