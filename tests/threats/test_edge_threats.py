@@ -16,7 +16,6 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote
@@ -27,9 +26,8 @@ from lxml import etree
 
 from filters.engine.conversation import ws_trust
 from filters.engine.wss import secure_conversation as sc
-from gateway.control.supervisor import Gateway
 from gateway.tools.client import Client, ClientConfig
-from tests.support.harness import clear, envelope, received, running_gateway
+from tests.support.harness import GatewayFactory, LiveGateway, envelope
 from tests.support.wss_helpers import DEMO, echo, make_route, route_doc
 
 BODY = echo("probe")
@@ -59,9 +57,8 @@ OPEN = {False: {"plain", "xml"}, True: {"plain", "xml", "tls"}}
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Gateway]:
-    with running_gateway(tmp_path_factory.mktemp("edge"), _routes(pki), pki) as g:
-        yield g
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(_routes(pki))
 
 
 @functools.cache
@@ -74,7 +71,7 @@ def _tls_context(pki: Path, client_cert: bool) -> ssl.SSLContext:
 
 
 def send(
-    gw: Gateway, target: bytes, pki: Path, *, tls: bool, headers: bytes = b"", body: bytes = BODY,
+    gw: LiveGateway, target: bytes, pki: Path, *, tls: bool, headers: bytes = b"", body: bytes = BODY,
     client_cert: bool = False,
 ) -> tuple[int, bytes]:  # fmt: skip
     """One request on a fresh connection, byte for byte as given: (status, response body)."""
@@ -144,16 +141,16 @@ PAIRS = [(a, b) for a in ROUTES for b in ROUTES if a != b]
 
 
 @pytest.mark.parametrize(("a", "b"), PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
-def test_path_confusion_cannot_reach_a_secured_route(gw: Gateway, pki: Path, a: str, b: str) -> None:
+def test_path_confusion_cannot_reach_a_secured_route(gw: LiveGateway, pki: Path, a: str, b: str) -> None:
     """Whatever reaches the backend is on a route an unsigned request may use, and a backend that decodes and
     normalizes everything reads it as the very route Envoy chose."""
     for tls in (False, True):
-        clear(gw)
+        gw.clear()
         statuses = {}
         for i, form in enumerate(CONFUSIONS):
             target = confusion(form, a, b)
             statuses[form] = send(gw, target, pki, tls=tls, headers=f"x-probe: {i}\r\n".encode())[0]
-        got = received(gw)
+        got = gw.received()
         for r in got:
             path = r["path"].split("?", 1)[0]
             form = CONFUSIONS[int(r["headers"]["x-probe"])]
@@ -165,22 +162,22 @@ def test_path_confusion_cannot_reach_a_secured_route(gw: Gateway, pki: Path, a: 
         assert {f for f, s in statuses.items() if s == 200} == {CONFUSIONS[int(r["headers"]["x-probe"])] for r in got}
         # Control: the same probe straight to an open route does reach the backend.
         if a in OPEN[tls]:
-            clear(gw)
+            gw.clear()
             assert send(gw, f"/{a}/demo".encode(), pki, tls=tls)[0] == 200
-            assert [r["path"] for r in received(gw)] == [f"/{a}/demo"]
+            assert [r["path"] for r in gw.received()] == [f"/{a}/demo"]
 
 
-def test_a_catch_all_open_route_never_shadows_a_secured_one(tmp_path: Path, pki: Path) -> None:
+def test_a_catch_all_open_route_never_shadows_a_secured_one(gateway: GatewayFactory, pki: Path) -> None:
     """Listed first, a `none` route on `/` still loses to the longer `/rsa/` prefix, in any case."""
     routes = [{"name": "rest", "match": {"path_prefix": "/"}, "profile": "none", "upstream": {"address": "BACKEND"}},
               route_doc(pki, "rsa", name="rsa")]  # fmt: skip
-    with running_gateway(tmp_path, routes, pki) as g:
+    with gateway(routes) as g:
         for target in (b"/rsa/demo", b"/RSA/demo", b"/Rsa/x/../demo", b"/x/../rSa/demo", b"/x/%2e%2e/RSA/demo"):
-            clear(g)
+            g.clear()
             assert send(g, target, pki, tls=False)[0] == 500  # the rsa route's fault: unsigned
-            assert received(g) == []
+            assert g.received() == []
         assert send(g, b"/other/demo", pki, tls=False)[0] == 200
-        assert [r["path"] for r in received(g)] == ["/other/demo"]
+        assert [r["path"] for r in g.received()] == ["/other/demo"]
 
 
 @pytest.mark.parametrize(
@@ -197,12 +194,12 @@ def test_a_catch_all_open_route_never_shadows_a_secured_one(tmp_path: Path, pki:
     ],
 )
 def test_the_backend_gets_exactly_the_path_envoy_routed_on(
-    gw: Gateway, pki: Path, target: bytes, forwarded: str
+    gw: LiveGateway, pki: Path, target: bytes, forwarded: str
 ) -> None:
     for tls in (False, True):
-        clear(gw)
+        gw.clear()
         assert send(gw, target, pki, tls=tls)[0] == 200
-        assert [r["path"] for r in received(gw)] == [forwarded]
+        assert [r["path"] for r in gw.received()] == [forwarded]
 
 
 @pytest.mark.parametrize(
@@ -212,10 +209,10 @@ def test_the_backend_gets_exactly_the_path_envoy_routed_on(
      b"/plain/%00", b"/plain/x%3f/demo", b"/plain/x%23/demo", b"/plain/demo#../../rsa"],
 )  # fmt: skip
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
-def test_ambiguous_paths_are_refused_with_a_400_fault(gw: Gateway, pki: Path, target: bytes, version: str) -> None:
+def test_ambiguous_paths_are_refused_with_a_400_fault(gw: LiveGateway, pki: Path, target: bytes, version: str) -> None:
     body = envelope(f'<d:echo xmlns:d="{DEMO}"><d:text>x</d:text></d:echo>', version)
     ctype = b"application/soap+xml" if version == "1.2" else b"text/xml"
-    clear(gw)
+    gw.clear()
     status, reply = send(gw, target, pki, tls=False, body=body, headers=b"content-type: " + ctype + b"\r\n")
     assert status == 400
     fault = etree.fromstring(reply)
@@ -223,7 +220,7 @@ def test_ambiguous_paths_are_refused_with_a_400_fault(gw: Gateway, pki: Path, ta
         "soap:Client",
         "env:Sender",
     )
-    assert received(gw) == []
+    assert gw.received() == []
 
 
 # Every spelling of every header the gateway or Envoy vouches for: case, dash or underscore.
@@ -253,14 +250,14 @@ def _request_for(profile: str, pki: Path) -> bytes:
      ("rsa", True, {"x-wsgate-subject": SUBJECT}), ("hmac", False, {"x-wsgate-subject": "anonymous"})],
 )  # fmt: skip
 def test_identity_and_forwarding_headers_from_the_client_never_reach_the_backend(
-    gw: Gateway, pki: Path, route: str, tls: bool, identity: dict[str, str]
+    gw: LiveGateway, pki: Path, route: str, tls: bool, identity: dict[str, str]
 ) -> None:
-    clear(gw)
+    gw.clear()
     extra = SPOOFED + b"x-kept: an ordinary header passes\r\n"
     status, _ = send(gw, f"/{route}/demo".encode(), pki, tls=tls, headers=extra, body=_request_for(route, pki),
                      client_cert=route == "mtls")  # fmt: skip
     assert status == 200
-    [got] = received(gw)
+    [got] = gw.received()
     headers = got["headers"]
     assert not [k for k, v in headers.items() if "spoofed" in v], headers
     assert not [k for k in headers if re.search("[^a-z0-9-]", k)], headers  # CGI, WSGI: x_wsgate_subject etc.
@@ -273,7 +270,7 @@ def test_identity_and_forwarding_headers_from_the_client_never_reach_the_backend
         assert "x-wsgate-subject" not in headers and "x-client-subject" not in headers
 
 
-def test_a_spoofed_original_path_never_reaches_the_access_log(gw: Gateway, pki: Path) -> None:
+def test_a_spoofed_original_path_never_reaches_the_access_log(gw: LiveGateway, pki: Path) -> None:
     log = gw.opts.run_dir / "logs" / "envoy.log"
     assert send(gw, b"/plain/demo", pki, tls=False, headers=b"x-envoy-original-path: /rsa/forged-for-log\r\n")[0] == 200
     deadline = time.monotonic() + 5
@@ -283,7 +280,7 @@ def test_a_spoofed_original_path_never_reaches_the_access_log(gw: Gateway, pki: 
     assert "forged-for-log" not in log.read_text()
 
 
-def _issue_proof(gw: Gateway, pki: Path, *, tls: bool, headers: bytes) -> str:
+def _issue_proof(gw: LiveGateway, pki: Path, *, tls: bool, headers: bytes) -> str:
     """Send a signed, NOT encrypted Issue request with client entropy; the proof the gateway chose."""
     route = make_route(pki, "secureconversation", name="sc", encryption={"encrypt_response": True})
     client = Client(route, ClientConfig(certs=pki, sc_version="1.3"))
@@ -299,7 +296,7 @@ def _issue_proof(gw: Gateway, pki: Path, *, tls: bool, headers: bytes) -> str:
     return etree.QName(proof[0]).localname
 
 
-def test_a_spoofed_forwarded_proto_does_not_make_plain_http_confidential(gw: Gateway, pki: Path) -> None:
+def test_a_spoofed_forwarded_proto_does_not_make_plain_http_confidential(gw: LiveGateway, pki: Path) -> None:
     """Client entropy sent in clear over plain HTTP is not used for the key, whatever x-forwarded-proto says."""
     spoof = b"x-forwarded-proto: https\r\nx_forwarded_proto: https\r\nforwarded: proto=https\r\n"
     assert _issue_proof(gw, pki, tls=False, headers=spoof) == "EncryptedKey"
@@ -314,21 +311,20 @@ LARGE = 10_000_000
 
 
 @pytest.fixture(scope="module")
-def slow_gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Gateway]:
+def slow_gw(module_gateway: GatewayFactory) -> LiveGateway:
     fast = {"upstream": {"address": "BACKEND", "timeout_s": 3}}
     routes = [{"name": "xml", "match": {"path_prefix": "/xml/"}, "profile": "xml", **fast},
               {"name": "plain", "match": {"path_prefix": "/plain/"}, "profile": "none", **fast}]  # fmt: skip
     # One worker whose budget holds one large body: the 24 idle clients of the report pinned it for minutes.
-    with running_gateway(tmp_path_factory.mktemp("slow"), routes, pki, edge=EDGE, metrics=True, body_budget_mb=12) as g:
-        yield g
+    return module_gateway(routes, edge=EDGE, metrics=True, body_budget_mb=12)
 
 
-def in_flight(gw: Gateway) -> float:
+def in_flight(gw: LiveGateway) -> float:
     text = requests.get(gw.metrics_urls()[0], timeout=5).text
     return float(next(line.split()[1] for line in text.splitlines() if line.startswith("wsgate_body_bytes_in_flight")))
 
 
-def released(gw: Gateway) -> bool:
+def released(gw: LiveGateway) -> bool:
     """The budget is back to zero (an exchange ends just after its reply left: poll briefly)."""
     deadline = time.monotonic() + 5
     while in_flight(gw) != 0:
@@ -369,7 +365,7 @@ def _closed_by_gateway(socks: dict[socket.socket, str], deadline: float) -> dict
     return {f"{socks[s]} #{i}": got[s] for i, s in enumerate(socks)}
 
 
-def test_idle_and_slow_connections_do_not_starve_real_traffic(slow_gw: Gateway) -> None:
+def test_idle_and_slow_connections_do_not_starve_real_traffic(slow_gw: LiveGateway) -> None:
     port = slow_gw.opts.http_port
     socks: dict[socket.socket, str] = {}
     try:
@@ -400,7 +396,7 @@ def test_idle_and_slow_connections_do_not_starve_real_traffic(slow_gw: Gateway) 
     assert released(slow_gw)
 
 
-def test_a_slow_body_is_cut_by_the_request_timeout_and_frees_the_budget(slow_gw: Gateway) -> None:
+def test_a_slow_body_is_cut_by_the_request_timeout_and_frees_the_budget(slow_gw: LiveGateway) -> None:
     """A body trickling in (4 bytes a second) never idles the stream; the request timeout ends it."""
     s = socket.create_connection(("127.0.0.1", slow_gw.opts.http_port), timeout=10)
     with s:
@@ -426,7 +422,7 @@ def test_a_slow_body_is_cut_by_the_request_timeout_and_frees_the_budget(slow_gw:
     assert released(slow_gw)
 
 
-def test_envoy_timeouts_come_from_the_policy(slow_gw: Gateway) -> None:
+def test_envoy_timeouts_come_from_the_policy(slow_gw: LiveGateway) -> None:
     lds = (slow_gw.opts.run_dir / "envoy" / "lds.yaml").read_text()
     for field, value in [("request_headers_timeout", "2s"), ("request_timeout", "6s"),
                          ("stream_idle_timeout", "4s"), ("idle_timeout", "4s")]:  # fmt: skip
