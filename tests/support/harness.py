@@ -136,13 +136,13 @@ class GatewayFactory:
         self.pki = pki
         self.stack = ExitStack()
 
-    def __call__(self, routes: Routes, **options: Any) -> LiveGateway:
+    def __call__(self, routes: Routes, pki: Path | None = None, **options: Any) -> LiveGateway:
+        """`pki`: another PKI than the session's (the gateway's keys and its clients' both come from it)."""
+        pki = pki or self.pki
         own = ExitStack()  # closing twice (a `with` block, then the fixture) stops it once
-        gw = own.enter_context(
-            running_gateway(self.tmp.mktemp("gateway"), route_docs(routes, self.pki), self.pki, **options)
-        )
+        gw = own.enter_context(running_gateway(self.tmp.mktemp("gateway"), route_docs(routes, pki), pki, **options))
         self.stack.callback(own.close)
-        return LiveGateway(gw, self.pki, own.close)
+        return LiveGateway(gw, pki, own.close)
 
     def __enter__(self) -> GatewayFactory:
         return self

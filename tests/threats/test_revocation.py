@@ -13,17 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509 import ocsp
 
 from certs import pki as pki_mod
 from filters.engine.wss import keys
-from gateway.control.supervisor import Gateway, free_ports
+from gateway.control.supervisor import free_ports
 from gateway.policy import Route
-from gateway.tools.client import Client, ClientConfig, ClientError, http_post
-from tests.support.harness import LoopbackHttp, fault_code, running_gateway
+from gateway.tools.client import Client, ClientError, http_post
+from tests.support.harness import GatewayFactory, LiveGateway, LoopbackHttp, fault_code
 from tests.support.wss_helpers import echo, route_doc
 
 NOW = dt.datetime.now(dt.UTC)
@@ -142,9 +141,6 @@ class Setup:
     routes: list[dict]
 
 
-ROUTES: dict[str, dict] = {}
-
-
 def load(out: Path, stem: str) -> pki_mod.Issued:
     return pki_mod.Issued(keys.load_private_key(out / f"{stem}.key"), keys.load_certificate(out / f"{stem}.pem"))
 
@@ -197,9 +193,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 
     def rsa(name: str, **revocation: object) -> dict:
         extra = {"intermediates": [str(out / "inter.pem")]} if name == "chain" else {}
-        doc = route_doc(out, "rsa", name=name, rsa={**extra, "revocation": revocation})
-        ROUTES[name] = doc
-        return doc
+        return route_doc(out, "rsa", name=name, rsa={**extra, "revocation": revocation})
 
     crl = str(out / "ca.crl")
     routes = [
@@ -221,7 +215,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         out, "secureconversation", name="sc", rsa={"revocation": {"mode": "crl", "crl_files": [crl]}},
         secureconversation={"store": "sealed", "master_keys_file": str(out / "sct-master-keys.yaml")},
     )  # fmt: skip
-    ROUTES["sc"] = sc
     routes.append(sc)
     try:
         wait_until_listening(out / "openssl-ocsp.log", proc)
@@ -235,25 +228,19 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, setup: Setup) -> Iterator[Gateway]:
-    with running_gateway(tmp_path_factory.mktemp("revocation-gw"), setup.routes, setup.pki) as g:
-        yield g
+def gw(module_gateway: GatewayFactory, setup: Setup) -> LiveGateway:
+    return module_gateway(setup.routes, pki=setup.pki)  # the test's own PKI: its CA revokes
 
 
-def client(gw: Gateway, setup: Setup, route: str, stem: str) -> tuple[Client, Callable[[bytes, str], bytes]]:
-    doc = {**ROUTES[route], "upstream": {"address": gw.backend_addr}}  # type: ignore[attr-defined]
-    cfg = ClientConfig(certs=setup.pki, key=f"{stem}.key", certificate=f"{stem}.pem")
-    return Client(Route.model_validate(doc), cfg), http_post(f"http://127.0.0.1:{gw.opts.http_port}/{route}/demo")
+def client(gw: LiveGateway, route: str, stem: str) -> tuple[Client, Callable[[bytes, str], bytes]]:
+    return gw.client(route, key=f"{stem}.key", certificate=f"{stem}.pem"), http_post(gw.url(route))
 
 
-def send(gw: Gateway, setup: Setup, route: str, stem: str = "client") -> str:
+def send(gw: LiveGateway, route: str, stem: str = "client") -> str:
     """'ok' when the gateway let the request through (and its reply opens), else the fault code."""
-    c, _ = client(gw, setup, route, stem)
+    c, _ = client(gw, route, stem)
     secured, pending = c.secure(echo("revocation"))
-    resp = requests.post(
-        f"http://127.0.0.1:{gw.opts.http_port}/{route}/demo", data=secured,
-        headers={"content-type": pending.content_type}, timeout=30,
-    )  # fmt: skip
+    resp = gw.post(route, secured, headers={"content-type": pending.content_type}, timeout=30)
     if resp.status_code != 200:
         return fault_code(resp)
     c.open(resp.content, pending)
@@ -269,35 +256,35 @@ def eventually(check: Callable[[], bool], timeout: float = 10) -> bool:
     return check()
 
 
-def log_of(gw: Gateway) -> str:
+def log_of(gw: LiveGateway) -> str:
     return (gw.opts.run_dir / "logs" / "filter-0.log").read_text()
 
 
 # --- CRLs ---------------------------------------------------------------------------------------------
 
 
-def test_a_revoked_client_certificate_is_refused_from_the_crl(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "crl") == "ok"
-    assert send(gw, setup, "crl", "revoked") == "FailedAuthentication"
+def test_a_revoked_client_certificate_is_refused_from_the_crl(gw: LiveGateway) -> None:
+    assert send(gw, "crl") == "ok"
+    assert send(gw, "crl", "revoked") == "FailedAuthentication"
     assert "is revoked: CRL" in log_of(gw) and "key_compromise" in log_of(gw)
 
 
-def test_a_revoked_client_cannot_bootstrap_a_secure_conversation(gw: Gateway, setup: Setup) -> None:
-    c, post = client(gw, setup, "sc", "client")
+def test_a_revoked_client_cannot_bootstrap_a_secure_conversation(gw: LiveGateway) -> None:
+    c, post = client(gw, "sc", "client")
     assert c.establish(post) is not None
-    c, post = client(gw, setup, "sc", "sc-revoked")
+    c, post = client(gw, "sc", "sc-revoked")
     with pytest.raises(ClientError, match="FailedAuthentication"):
         c.establish(post)
 
 
-def test_a_crl_replaced_on_disk_is_picked_up(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "crl", "later") == "ok"  # and now trusted, cached
+def test_a_crl_replaced_on_disk_is_picked_up(gw: LiveGateway, setup: Setup) -> None:
+    assert send(gw, "crl", "later") == "ok"  # and now trusted, cached
     pki_mod.revoke(setup.pki, "later")  # what `wsgate certs revoke` does: a new ca.crl
-    assert eventually(lambda: send(gw, setup, "crl", "later") == "FailedAuthentication")
-    assert send(gw, setup, "crl") == "ok"
+    assert eventually(lambda: send(gw, "crl", "later") == "FailedAuthentication")
+    assert send(gw, "crl") == "ok"
 
 
-def test_a_broken_or_foreign_crl_keeps_the_last_good_one(gw: Gateway, setup: Setup) -> None:
+def test_a_broken_or_foreign_crl_keeps_the_last_good_one(gw: LiveGateway, setup: Setup) -> None:
     path = setup.pki / "ca.crl"
     good = path.read_bytes()
     try:
@@ -306,61 +293,61 @@ def test_a_broken_or_foreign_crl_keeps_the_last_good_one(gw: Gateway, setup: Set
             # A forger's empty CRL, a rolled-back one, an unreadable one: revoked stays revoked.
             replace_file(path, bad)
             time.sleep(2.5)  # past the recheck interval
-            assert send(gw, setup, "crl", "revoked") == "FailedAuthentication"
-            assert send(gw, setup, "crl") == "ok"
+            assert send(gw, "crl", "revoked") == "FailedAuthentication"
+            assert send(gw, "crl") == "ok"
         log = log_of(gw)
         assert "not signed by a known CA" in log and "older" in log and "keeping the last good one" in log
     finally:
         replace_file(path, good)
 
 
-def test_an_expired_crl_is_not_used(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "expired") == "FailedAuthentication"
+def test_an_expired_crl_is_not_used(gw: LiveGateway) -> None:
+    assert send(gw, "expired") == "FailedAuthentication"
     assert "no revocation status" in log_of(gw) and "expired.crl expired" in log_of(gw)
 
 
-def test_a_crl_past_its_next_update_stops_vouching(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "soon") == "FailedAuthentication"
+def test_a_crl_past_its_next_update_stops_vouching(gw: LiveGateway, setup: Setup) -> None:
+    assert send(gw, "soon") == "FailedAuthentication"
     replace_file(setup.pki / "soon.crl", make_crl(setup.ca, next=dt.timedelta(seconds=6)))
-    assert eventually(lambda: send(gw, setup, "soon") == "ok")  # a current CRL, picked up
-    assert eventually(lambda: send(gw, setup, "soon") == "FailedAuthentication", timeout=10)  # and past it
+    assert eventually(lambda: send(gw, "soon") == "ok")  # a current CRL, picked up
+    assert eventually(lambda: send(gw, "soon") == "FailedAuthentication", timeout=10)  # and past it
 
 
-def test_a_revoked_intermediate_revokes_its_leaves(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "chain", "chained") == "ok"  # root CRL and the intermediate's (DER) both current
+def test_a_revoked_intermediate_revokes_its_leaves(gw: LiveGateway, setup: Setup) -> None:
+    assert send(gw, "chain", "chained") == "ok"  # root CRL and the intermediate's (DER) both current
     pki_mod.revoke(setup.pki, "inter", "cessationOfOperation")
-    assert eventually(lambda: send(gw, setup, "chain", "chained") == "FailedAuthentication")
+    assert eventually(lambda: send(gw, "chain", "chained") == "FailedAuthentication")
     assert "'CN=WSGate Issuing CA,O=WSGate Demo'" in log_of(gw)
 
 
 # --- OCSP ---------------------------------------------------------------------------------------------
 
 
-def test_the_real_ocsp_responder_refuses_a_revoked_certificate(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "ocsp") == "ok"
-    assert send(gw, setup, "ocsp", "revoked") == "FailedAuthentication"
+def test_the_real_ocsp_responder_refuses_a_revoked_certificate(gw: LiveGateway, setup: Setup) -> None:
+    assert send(gw, "ocsp") == "ok"
+    assert send(gw, "ocsp", "revoked") == "FailedAuthentication"
     assert f"OCSP {setup.openssl_url}: revoked" in log_of(gw)
 
 
-def test_the_responder_named_in_the_certificate_is_asked(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "aia", "client2") == "ok"
-    assert send(gw, setup, "aia", "revoked") == "FailedAuthentication"
+def test_the_responder_named_in_the_certificate_is_asked(gw: LiveGateway) -> None:
+    assert send(gw, "aia", "client2") == "ok"
+    assert send(gw, "aia", "revoked") == "FailedAuthentication"
     # A certificate without AIA, and no responder in the policy: nobody can tell.
-    assert send(gw, setup, "aia", "chained") == "FailedAuthentication"
+    assert send(gw, "aia", "chained") == "FailedAuthentication"
 
 
-def test_an_unreachable_ocsp_responder_fails_closed_by_default(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "dead") == "FailedAuthentication"
+def test_an_unreachable_ocsp_responder_fails_closed_by_default(gw: LiveGateway) -> None:
+    assert send(gw, "dead") == "FailedAuthentication"
     assert "no revocation status: certificate 'CN=Demo Client,O=WSGate Demo'" in log_of(gw)
 
 
-def test_soft_fail_accepts_and_logs_when_no_status(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "soft") == "ok"
+def test_soft_fail_accepts_and_logs_when_no_status(gw: LiveGateway) -> None:
+    assert send(gw, "soft") == "ok"
     assert "accepted without revocation status (on_unknown: allow)" in log_of(gw)
 
 
-def test_either_source_may_answer_and_neither_here_is_refused(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "both") == "FailedAuthentication"  # expired CRL, dead responder
+def test_either_source_may_answer_and_neither_here_is_refused(gw: LiveGateway) -> None:
+    assert send(gw, "both") == "FailedAuthentication"  # expired CRL, dead responder
 
 
 @pytest.mark.parametrize(
@@ -373,9 +360,9 @@ def test_either_source_may_answer_and_neither_here_is_refused(gw: Gateway, setup
         "stale-past-next-update",
     ],
 )
-def test_a_forged_ocsp_response_is_not_believed(gw: Gateway, setup: Setup, forgery: str) -> None:
-    assert send(gw, setup, "honest") == "ok"  # the same answer, honestly signed, is believed
-    assert send(gw, setup, forgery) == "FailedAuthentication"
+def test_a_forged_ocsp_response_is_not_believed(gw: LiveGateway, setup: Setup, forgery: str) -> None:
+    assert send(gw, "honest") == "ok"  # the same answer, honestly signed, is believed
+    assert send(gw, forgery) == "FailedAuthentication"
     assert setup.forgeries[forgery].hits >= 1
     reasons = {
         "signed-by-another-ca-posing-as-the-issuer": "bad signature",
@@ -387,21 +374,21 @@ def test_a_forged_ocsp_response_is_not_believed(gw: Gateway, setup: Setup, forge
     assert reasons[forgery] in log_of(gw)
 
 
-def test_ocsp_answers_are_cached_for_their_validity(gw: Gateway, setup: Setup) -> None:
+def test_ocsp_answers_are_cached_for_their_validity(gw: LiveGateway, setup: Setup) -> None:
     for _ in range(3):
-        assert send(gw, setup, "counted") == "ok"
+        assert send(gw, "counted") == "ok"
     assert setup.counted.hits == 1  # one answer, three messages
     time.sleep(3.2)  # past the answer's nextUpdate
-    assert send(gw, setup, "counted") == "ok"
+    assert send(gw, "counted") == "ok"
     assert setup.counted.hits == 2
 
 
-def test_the_policy_caps_how_long_an_answer_is_kept(gw: Gateway, setup: Setup) -> None:
-    assert send(gw, setup, "capped") == "ok"
-    assert send(gw, setup, "capped") == "ok"
+def test_the_policy_caps_how_long_an_answer_is_kept(gw: LiveGateway, setup: Setup) -> None:
+    assert send(gw, "capped") == "ok"
+    assert send(gw, "capped") == "ok"
     assert setup.capped.hits == 1
     time.sleep(1.2)  # max_cache_s: 1, though the answer is good for a day
-    assert send(gw, setup, "capped") == "ok"
+    assert send(gw, "capped") == "ok"
     assert setup.capped.hits == 2
 
 
@@ -472,13 +459,13 @@ def test_certs_init_gives_a_kept_pki_what_revocation_needs(tmp_path: Path) -> No
     assert "Rogue" not in " ".join(stems)
 
 
-def test_answers_in_use_are_refreshed_before_they_expire(gw: Gateway, setup: Setup) -> None:
+def test_answers_in_use_are_refreshed_before_they_expire(gw: LiveGateway, setup: Setup) -> None:
     start = time.monotonic()
-    assert send(gw, setup, "ahead") == "ok"
+    assert send(gw, "ahead") == "ok"
     assert setup.ahead.hits == 1
     time.sleep(max(0.0, start + 3.2 - time.monotonic()))  # in the answer's last quarter
-    assert send(gw, setup, "ahead") == "ok"  # the cached answer; a new one is fetched beside
+    assert send(gw, "ahead") == "ok"  # the cached answer; a new one is fetched beside
     assert eventually(lambda: setup.ahead.hits == 2, timeout=3)
     time.sleep(max(0.0, start + 4.5 - time.monotonic()))  # past the first answer's nextUpdate
-    assert send(gw, setup, "ahead") == "ok"
+    assert send(gw, "ahead") == "ok"
     assert setup.ahead.hits == 2  # no message waited for the responder
