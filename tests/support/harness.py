@@ -107,7 +107,7 @@ class LiveGateway:
         return requests.post(self.url(route, path, tls=tls), data=body, headers=headers, **kw)
 
     def client(self, route: str, **cfg: Any) -> Client:
-        """A WS-Security client for the route on the session's demo PKI (`cfg`: ClientConfig's fields)."""
+        """A WS-Security client for the route on the gateway's PKI (`cfg`: ClientConfig's fields)."""
         return Client(self.route(route), ClientConfig(certs=self.pki, **cfg))
 
     def received(self) -> list[dict]:
