@@ -63,10 +63,18 @@ LANES = {"unit": "unit", "threats": "threat", "e2e": "e2e", "interop": "interop"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    for item in items:
-        if not item.path.is_relative_to(here):
-            continue
-        folder = item.path.relative_to(here).parts[0]
-        if folder not in LANES:
+    order = list(LANES)
+
+    def folder(item: pytest.Item) -> str:
+        name = item.path.relative_to(here).parts[0]
+        if name not in LANES:
             raise pytest.UsageError(f"{item.nodeid}: a test file belongs in one of tests/{{{','.join(LANES)}}}/")
-        item.add_marker(LANES[folder])
+        return name
+
+    ours = [item for item in items if item.path.is_relative_to(here)]
+    for item in ours:
+        item.add_marker(LANES[folder(item)])
+    # The fast lane first (a broken engine fails in seconds, not after the gateways); a stable sort keeps each
+    # file whole, so a module-scoped gateway still starts once.
+    ours.sort(key=lambda item: order.index(folder(item)))
+    items[:] = ours + [item for item in items if not item.path.is_relative_to(here)]

@@ -19,6 +19,13 @@ NOW = dt.datetime.now(dt.UTC)
 NSDECL = f'xmlns:ds="{ns.DS}" xmlns:wsse="{ns.WSSE}" xmlns:wsu="{ns.WSU}" xmlns:wsse11="{ns.WSSE11}"'
 
 
+@pytest.fixture(autouse=True)
+def _now_is_the_tests_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Certificates issued here start 5 minutes before they are made; a whole run imports this file minutes before
+    it runs it, so NOW taken at import fell before them ("not valid at validation time")."""
+    monkeypatch.setattr(f"{__name__}.NOW", dt.datetime.now(dt.UTC))
+
+
 def ca(pki: Path) -> pki_mod.Issued:
     return pki_mod.Issued(keys.load_private_key(pki / "ca.key"), keys.load_certificate(pki / "ca.pem"))
 
