@@ -1,4 +1,5 @@
-"""Shared fixtures: one demo PKI per test session (real keys, made with certs.pki), Redis, the client's clock."""
+"""Shared fixtures: one demo PKI per test session (real keys, made with certs.pki), Redis, the client's clock, the
+lanes (a marker per folder)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from certs import pki as pki_mod
-from tests.harness import start_redis, stop
+from tests.support.harness import GatewayFactory, start_redis, stop
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -23,16 +24,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "compose: builds the images and runs the Compose stack (pytest --compose)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without --compose the stack tests are deselected (counted in the summary), not skipped one by one."""
-    if config.getoption("--compose"):
-        return
-    deselected = [i for i in items if i.get_closest_marker("compose")]
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = [i for i in items if not i.get_closest_marker("compose")]
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +41,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
+def gateway(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[GatewayFactory]:
+    """Start gateways for one test: `gw = gateway(["rsa", "hmac"]); gw.post("rsa", body)` (tests/support/harness.py)."""
+    with GatewayFactory(tmp_path_factory, pki) as factory:
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def module_gateway(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[GatewayFactory]:
+    """The same for a module's own fixture: a gateway its tests share, stopped after the module."""
+    with GatewayFactory(tmp_path_factory, pki) as factory:
+        yield factory
+
+
+@pytest.fixture
 def client_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]:
     """Move the client's clock (what it writes in Timestamp and UsernameToken Created); the gateway's stays."""
 
@@ -62,3 +67,32 @@ def client_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]
         monkeypatch.setattr("gateway.tools.client.datetime", Shifted)
 
     return shift
+
+
+# Each folder is a lane (markers registered in pyproject.toml); a test file outside them would escape every lane.
+LANES = {"unit": "unit", "threats": "threat", "e2e": "e2e", "interop": "interop"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    order = list(LANES)
+
+    def folder(item: pytest.Item) -> str:
+        name = item.path.relative_to(here).parts[0]
+        if name not in LANES:
+            raise pytest.UsageError(f"{item.nodeid}: a test file belongs in one of tests/{{{','.join(LANES)}}}/")
+        return name
+
+    ours = [item for item in items if item.path.is_relative_to(here)]
+    for item in ours:
+        item.add_marker(LANES[folder(item)])
+    # The fast lane first (a broken engine fails in seconds, not after the gateways); a stable sort keeps each
+    # file whole, so a module-scoped gateway still starts once.
+    ours.sort(key=lambda item: order.index(folder(item)))
+    items[:] = ours + [item for item in items if not item.path.is_relative_to(here)]
+    # Without --compose the stack tests are deselected (counted in the summary), not skipped one by one.
+    if not config.getoption("--compose"):
+        deselected = [i for i in items if i.get_closest_marker("compose")]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [i for i in items if not i.get_closest_marker("compose")]

@@ -219,7 +219,7 @@ mod tests {
     use super::*;
     use std::process::{Child, Command, Stdio};
 
-    /// A throwaway redis-server on a free loopback port (as tests/harness.py starts one), killed when dropped.
+    /// A throwaway redis-server on a free loopback port (as tests/support/harness.py starts one), killed when dropped.
     struct Redis(Child, u16);
 
     impl Redis {

@@ -37,7 +37,7 @@ import org.w3c.dom.Node;
  * <p>{"xml": envelope, "layout": "prepend" | "append", "steps": [...]}. "prepend" keeps WSS4J's own placement
  * (each builder prepends, the layout of WSS4J's WSHandler actions); "append" moves what each step adds to the end
  * of the Security header (tokens before their use, as CXF's Strict layout), leaving EncryptedData where it
- * replaced the element it encrypts. Steps: timestamp, username, encrypted_key, sct, sign, encrypt (tests/wss4j.py
+ * replaced the element it encrypts. Steps: timestamp, username, encrypted_key, sct, sign, encrypt (tests/support/wss4j.py
  * builds them).
  */
 final class Secure {

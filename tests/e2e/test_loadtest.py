@@ -1,0 +1,219 @@
+"""The load-test machinery works end to end (never how fast: no timed assertions).
+
+- loadtest/bench.py: one profile at one size for about a second prints its tables and writes bench.csv/.png;
+- loadtest/large.py: a run with tiny messages prints its rows and the over-budget refusals;
+- loadtest/locustfile.py: every user class, run headless against a real gateway, has its messages accepted and
+  its replies verified; the message factory's check refuses a replay and a wrong reply;
+- loadtest/optimizations.py: a tiny run prints every row, with the hit rates the traffic implies;
+- loadtest/engine_cpu.py: a tiny run gives every secured profile its row beside WSS4J's figure."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from loadtest import bench, engine_cpu, large, optimizations
+from loadtest.messages import PROFILES, CheckFailed, Factory
+from tests.support.harness import GatewayFactory, LiveGateway
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH_POLICIES = REPO / "loadtest" / "policies" / "bench.yaml"
+LOCUST = Path(sys.executable).with_name("locust")
+
+
+def bench_routes(pki: Path) -> list[dict]:
+    """loadtest/policies/bench.yaml for the harness: BACKEND placeholder, the session's PKI."""
+    text = BENCH_POLICIES.read_text().replace("${WSGATE_BENCH_CERTS:-certs/out}", str(pki))
+    routes = yaml.safe_load(text)["routes"]
+    for r in routes:
+        r["upstream"]["address"] = "BACKEND"
+    return routes
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="Debian's wrk is not installed (.ci/run installs it)")
+def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
+    out = io.StringIO()
+    points = bench.run_bench(
+        profiles=["hmac"], sizes=["small"], duration=1, paced_duration=1, rate=20, workers=2,
+        out=tmp_path / "out", certs=pki, log=out, engine_scale=0.01,
+    )  # fmt: skip
+    text = out.getvalue()
+    assert len(points) == 1
+    p = points[0]
+    assert p.requests > 0 and p.rps > 0
+    assert p.errors == 0 and p.paced_errors == 0, text
+    assert p.verified > 0 and p.verify_failures == 0, text
+    assert p.filter_cpu_us > 0 and p.envoy_cpu_us > 0
+    assert p.stages_ms.get("security_header", 0) > 0  # the workers' Prometheus histograms were read
+    # Envoy's access log gave every ext_proc phase's latency, and the stages fit inside them.
+    assert set(p.extproc_ms) == {"rh", "rb", "sh", "sb"}, text
+    assert 0 < sum(p.paced_stages_ms.values()) < sum(p.extproc_ms.values())
+    for heading in ("Throughput at saturation", "Latency at a fixed moderate rate", "Gateway CPU per request",
+                    "Where the filter's time goes", "The ext_proc hop at the paced rate", "Targets"):  # fmt: skip
+        assert heading in text
+    assert "gateway CPU on hmac, 1 KB" in text and re.search(r"gateway CPU on sc vs hmac, 1 KB +not measured", text)
+    # The gateway CPU per request relative to none is printed (here without none: "-"); then the engine in process.
+    assert "Gateway CPU per request at saturation, us: Envoy + filter workers = total (relative to none)" in text
+    assert re.search(r"\nhmac\s+[\d,]+ vs 437 \([\d.]+x\)", text.split("The engine's CPU per exchange")[1]), text
+    rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
+    assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
+    assert float(rows[0]["rps"]) > 0 and float(rows[0]["gateway_cpu_us"]) > 0
+    assert float(rows[0]["extproc_rb_ms"]) > 0 and float(rows[0]["round_trip_ms"]) > 0
+    assert (tmp_path / "out" / "bench.png").stat().st_size > 0
+
+
+def test_extproc_latencies_from_envoys_access_log() -> None:
+    lines = [
+        '[t] "POST /hmac/demo HTTP/1.1" 200 via_upstream 9 9 3ms route=hmac upstream=x peer="-" '
+        "extproc=rh:1000:0,rb:1:600:0,sh:300:0,sb:1:400:0,bs:917,br:84,os:0,ds:wsgate_filter\n",
+        '[t] "POST /hmac/demo HTTP/1.1" 500 wsgate_fault 0 234 2ms route=hmac upstream=- peer="-" '
+        "extproc=rh:2000:0,rb:1:800:0,bs:340,br:352,os:0,ds:wsgate_filter\n",
+        '[t] "POST /xml/demo HTTP/1.1" 200 via_upstream 9 9 3ms route=xml upstream=x peer="-" extproc=rh:5:0\n',
+        '[t] "GET /plain/ HTTP/1.1" 200 via_upstream 9 9 1ms route=hmac upstream=x peer="-" extproc=-\n',
+    ]
+    means, n = bench.extproc_latencies(lines, "hmac")
+    assert n == 2  # the other route's line and the line without ext_proc do not count
+    assert means == {"rh": 1.5, "rb": 0.7, "sh": 0.15, "sb": 0.2}
+
+
+@pytest.fixture(scope="module")
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    return module_gateway(bench_routes(pki), workers=2)
+
+
+def test_factory_messages_accepted_once(gw, pki: Path) -> None:
+    base = f"http://127.0.0.1:{gw.opts.http_port}"
+    for profile, size in [
+        ("rsa-encrypted", "large"),
+        ("hmac", "huge"),
+        ("xml", "large"),
+        ("xml-schema", "huge"),  # the 1 MB query result validated against gateway/demo.xsd
+        ("xml-schema", "large"),
+        ("secureconversation", "small"),
+    ]:
+        factory = Factory(profile, gw.opts.policies, certs=pki)
+        path = f"/{PROFILES[profile].route}/demo"
+        if factory.needs_context:
+            factory.establish(base + path)
+        message = factory.make(size)
+        resp = requests.post(base + path, data=message.body, headers={"content-type": factory.content_type}, timeout=30)
+        factory.check(resp.status_code, resp.content, message)
+        if PROFILES[profile].secured:  # the same message again is a replay: refused, and the check says so
+            again = requests.post(base + path, data=message.body, headers={"content-type": factory.content_type},
+                                  timeout=30)  # fmt: skip
+            with pytest.raises(CheckFailed, match="HTTP 500"):
+                factory.check(again.status_code, again.content, message)
+        if size != "huge":  # an echo to another request is not this one's answer
+            with pytest.raises(CheckFailed, match="echo differs"):
+                factory.check(resp.status_code, resp.content, factory.make(size))
+
+
+def test_locust_every_user_class(gw, pki: Path, tmp_path: Path) -> None:
+    o = gw.opts
+    env = {
+        **os.environ,
+        "WSGATE_POLICIES": str(o.policies),
+        "WSGATE_CERTS": str(pki),
+        "LOAD_TLS_URL": f"https://127.0.0.1:{o.https_port}",
+        "LOAD_SIZE": "small",
+        "LOAD_POOL": "20",
+        "LOAD_USER_RPS": "20",
+    }
+    users = str(len(PROFILES))  # one user per class
+    argv = [str(LOCUST), "-f", str(REPO / "loadtest" / "locustfile.py"), "--headless", "--host",
+            f"http://127.0.0.1:{o.http_port}", "-u", users, "-r", users, "-t", "3s", "--csv", str(tmp_path / "l"),
+            "--only-summary"]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stats = {r["Name"]: r for r in csv.DictReader((tmp_path / "l_stats.csv").open())}
+    for profile in PROFILES:
+        row = stats.get(f"{profile} small")
+        assert row is not None, f"no requests for {profile}: {sorted(stats)}\n{proc.stderr[-3000:]}"
+        assert int(row["Request Count"]) > 0
+        assert int(row["Failure Count"]) == 0, (tmp_path / "l_failures.csv").read_text()
+
+
+def test_large_smoke(tmp_path: Path, pki: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--size-mb", "0.2", "--clients", "1,2", "--messages", "2", "--busy-clients", "3", "--certs", str(pki),
+            "--run-dir", str(tmp_path)]  # fmt: skip
+    assert large.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Large messages: 0.2 MB" in out and "per in-flight MiB" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["xml"], ["rsa"])]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("xml", "1", "2", "2"),
+        ("xml", "2", "2", "2"),
+        ("rsa", "1", "2", "2"),
+        ("rsa", "2", "2", "2"),
+    ]  # profile, clients, messages, verified replies
+    assert "refused or wrong" not in out
+    assert "Over budget: 1 worker with a body budget of 1 MiB" in out
+    assert "answered 200 and verified:" in out and 'wsgate_faults_total{reason="busy"}' in out
+
+
+def test_engine_cpu_smoke(pki: Path) -> None:
+    """Every secured profile has its row (plain ones none), secureconversation in a context it established in
+    process; a WSS4J figure where the reference has one."""
+    policies = optimizations.bench_policies(pki)
+    rows = engine_cpu.run(["xml", "secureconversation", "username"], ["small", "large"], policies, pki, scale=0.01)
+    assert [(r.profile, r.size) for r in rows] == [
+        ("secureconversation", "small"),
+        ("secureconversation", "large"),
+        ("username", "small"),
+        ("username", "large"),
+    ]
+    assert all(r.us > 0 for r in rows)
+    assert [r.wss4j_us for r in rows] == [425, 3002, None, None]
+    out = io.StringIO()
+    engine_cpu.report(rows, out)
+    assert "vs 425 (" in out.getvalue() and "(no WSS4J figure)" in out.getvalue()
+
+
+def test_optimizations_smoke(pki: Path) -> None:
+    out = io.StringIO()
+    rows = optimizations.run(profiles=["hmac"], sizes=["small", "huge"], scale=0.01, certs=pki, out=out)
+    text = out.getvalue()
+    assert [(r.size, r.optimization) for r in rows] == [
+        *(("small", o) for o in optimizations.OPTIMIZATIONS),
+        ("small", "digest_cache (repeated body)"),
+        ("small", "on_demand_c14n (canonical sender)"),
+        *(("huge", o) for o in optimizations.OPTIMIZATIONS),
+    ]
+    assert all(r.off_us > 0 and r.on_us > 0 for r in rows)
+    rate = {(r.size, r.optimization): r.hit_rate for r in rows}
+    # The load test's traffic: fresh ids and Timestamps, never canonical; identical 1 MB query results.
+    assert rate[("small", "on_demand_c14n")] == rate[("small", "digest_cache")] == rate[("small", "prehash")] == 0
+    assert rate[("small", "on_demand_c14n (canonical sender)")] == 1
+    assert rate[("small", "digest_cache (repeated body)")] > 0 and rate[("huge", "prehash")] > 0
+    assert "hmac     1 KB       direct_c14n" in text and "hmac     1 MB resp  prehash" in text
+    assert "our client 0%, canonical sender 100%" in text
+    assert "Differential parsing prototype" in text and "response 1 MB resp" in text
+
+
+def test_hostile_shapes_script_prints_every_shape(pki: Path) -> None:
+    from loadtest import hostile
+
+    out = io.StringIO()
+    hostile.main(["--certs", str(pki), "--size", "3000", "--count", "1"], out)
+    text = out.getvalue()
+    for shape in hostile.SHAPES:
+        assert f"| hmac | {shape} |" in text and f"| xml | {shape} |" in text
+        if shape not in hostile.TAMPERED:  # and sent by the backend, refused or not by the gateway's response side
+            assert f"| hmac | {shape}, from the backend |" in text and f"| xml | {shape}, from the backend |" in text
+    for shape in hostile.SCHEMA_SHAPES:  # validated: the backtracking ones refused, within the CPU budget
+        for sender in ("", ", from the backend"):
+            [line] = [x for x in text.splitlines() if x.startswith(f"| xml-schema | {shape}{sender} |")]
+            assert line.endswith("| accepted |" if shape == "plain" else "| refused |"), line
+    for sender in ("", ", from the backend"):
+        flood = [line for line in text.splitlines() if f"| namespace flood on the Envelope{sender} |" in line]
+        assert len(flood) == 2 and all(line.endswith("| refused |") for line in flood)

@@ -1,0 +1,27 @@
+"""The soak's short variant (loadtest/soak.py): load across every profile while a filter worker is killed, Redis is
+killed (the supervisor restarts both) and accepted messages are sent again. Nothing may be lost outside the
+documented refusals, nothing corrupted, no replay let through: across the Redis kill too (the replay epoch).
+Counts only, never timings: the machine is shared."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from loadtest import soak
+
+pytestmark = pytest.mark.slow  # 20 s of load
+
+
+def test_under_load_a_worker_kill_and_a_redis_kill_lose_nothing_and_reopen_no_replay(tmp_path: Path, pki: Path) -> None:
+    log = io.StringIO()
+    result = soak.run_soak(duration=20, share=0.5, seed=14, kinds=["worker_kill", "redis_kill", "hostile"],
+                           threads=4, probe_s=2, out=tmp_path, certs=pki, log=log, chart=False)  # fmt: skip
+    t = result.totals
+    assert t["ok"] > 0 and t["replays sent"] > 0, log.getvalue()
+    assert (t["lost"], t["corrupted"], t["replays accepted"], t["hostile accepted"]) == (0, 0, 0, 0), log.getvalue()
+    kinds = [kind for _, kind in result.schedule]
+    assert sorted(kinds) == ["hostile", "redis_kill", "worker_kill"]
+    assert (tmp_path / "soak.csv").read_text().startswith("second,sent,ok,")
