@@ -71,6 +71,9 @@ DEFAULT_BODY_BUDGET_MB = 48
 # On SIGTERM a filter worker finishes its in-flight exchanges within this, new ones go to other workers; the
 # Kubernetes pods' grace period (gateway/control/kubernetes.py) allows for it.
 GRACE_SECONDS = 5.0
+# Where the shared Redis is, for every route whose store names none: set by `wsgate up` (its own Redis) or by the
+# deployment (Compose, Kubernetes); read by the stores (filters/stores/factory.py).
+REDIS_URL_ENV = "WSGATE_REDIS_URL"
 
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # the largest body limit a policy may set

@@ -22,8 +22,7 @@ import redis
 import yaml
 
 from certs import pki
-from gateway.control.supervisor import REDIS_URL_ENV
-from gateway.policy import Route
+from gateway.policy import REDIS_URL_ENV, Route
 from gateway.tools.client import Client, ClientConfig, Post, http_post
 from loadtest.bench import bench_gateway
 

@@ -15,9 +15,7 @@ from filters.engine.conversation.contexts import ContextStore
 from filters.engine.wss.replay import PROCESS_STARTED_MS, ReplayCache
 from filters.stores import auth_throttle, contexts, replay
 from filters.stores.revocation import RevocationChecker
-from gateway.policy import Route
-
-REDIS_URL_ENV = "WSGATE_REDIS_URL"  # set by `wsgate up` (its own Redis) or by the deployment (Compose)
+from gateway.policy import REDIS_URL_ENV, Route
 
 
 class RouteStores:

@@ -60,7 +60,7 @@ def _address(addr: str) -> dict[str, Any]:
     return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
         return True
@@ -476,7 +476,7 @@ def _cluster(name: str, endpoints: list[str], dns: bool) -> dict[str, Any]:
     hosts = [e.rsplit(":", 1)[0].strip("[]") for e in endpoints]
     return {
         "name": name,
-        "type": "STRICT_DNS" if dns or not all(_is_ip(h) for h in hosts) else "STATIC",
+        "type": "STRICT_DNS" if dns or not all(is_ip(h) for h in hosts) else "STATIC",
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
         "load_assignment": {

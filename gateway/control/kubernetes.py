@@ -26,7 +26,7 @@ import yaml
 from certs import pki
 from filters.engine.xml import wsdl
 from gateway.control import envoy_config
-from gateway.policy import DEFAULT_BODY_BUDGET_MB, GRACE_SECONDS, PolicyError, PolicySet, Route
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, GRACE_SECONDS, REDIS_URL_ENV, PolicyError, PolicySet, Route
 
 NAMESPACE = "wsgate"
 ENVOY, FILTER, REDIS, BACKEND = "wsgate-envoy", "wsgate-filter", "wsgate-redis", "wsgate-backend"
@@ -40,7 +40,6 @@ KEYS_DIR = "keys"  # in DIR: the key files the secretGenerators read (copied the
 POLICIES_MOUNT = "/app/policies"
 MAX_CONFIG_MAP_BYTES = 900 * 1024  # the API server stores at most 1 MiB per object, base64 and keys included
 FILTER_KEYS_MOUNT = f"/app/{pki.DEFAULT_DIR}"  # policies name key files relative to the image's /app
-REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/stores/factory.py reads it
 PART_OF = "app.kubernetes.io/part-of"
 COMPONENT = "app.kubernetes.io/component"
 # Envoy re-resolves the filters' headless Service every 5 s (its default dns_refresh_rate) and the cluster DNS
@@ -428,14 +427,6 @@ def _network_policy(name: str, selector: dict[str, Any], ingress: list[Any] | No
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta, "spec": spec}
 
 
-def _ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
-
-
 def _upstream_egress(routes: list[Route], opts: Options) -> list[dict[str, Any]]:
     """Envoy -> the backends: the demo backend's pods, or what the policies name: an IP as itself, a name as its
     port anywhere (a NetworkPolicy cannot name a host)."""
@@ -443,7 +434,7 @@ def _upstream_egress(routes: list[Route], opts: Options) -> list[dict[str, Any]]
     for host, port in sorted({(r.upstream.host, r.upstream.port) for r in routes}):
         if opts.demo_backend and host == BACKEND and port == BACKEND_PORT:
             rule = {"to": [_pods_of(BACKEND)], "ports": _tcp(port)}
-        elif _ip(host):
+        elif envoy_config.is_ip(host):
             rule = {"to": [{"ipBlock": {"cidr": str(ipaddress.ip_network(host))}}], "ports": _tcp(port)}
         else:
             rule = {"ports": _tcp(port)}

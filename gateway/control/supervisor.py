@@ -26,9 +26,7 @@ from certs import pki
 from filters.stores import replay
 from gateway.control import envoy_config, envoy_delivery
 from gateway.control.documents import load_checked
-from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, check_body_budget
-
-REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/stores/factory.py reads it
+from gateway.policy import DEFAULT_BODY_BUDGET_MB, REDIS_URL_ENV, PolicyError, PolicySet, check_body_budget
 
 log = logging.getLogger("wsgate.up")
 

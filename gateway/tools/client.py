@@ -18,6 +18,7 @@ from cryptography import x509
 from certs import pki
 from filters.engine import faults, ns
 from filters.engine.conversation import ws_trust
+from filters.engine.faults import content_type
 from filters.engine.profiles import context_security
 from filters.engine.wss import encryption, keys, signature, wssecurity
 from filters.engine.wss import secure_conversation as sc
@@ -291,7 +292,3 @@ def fault_text(env: Envelope) -> str:
     code = fault.findtext("faultcode") or fault.findtext(f".//{{{ns.SOAP12}}}Value") or ""
     text = fault.findtext("faultstring") or fault.findtext(f".//{{{ns.SOAP12}}}Text") or ""
     return f"{code} {text}".strip()
-
-
-def content_type(soap_version: str) -> str:
-    return "application/soap+xml; charset=utf-8" if soap_version == "1.2" else "text/xml; charset=utf-8"

@@ -19,6 +19,7 @@ import requests
 import yaml
 from lxml import etree
 
+from filters.engine.faults import content_type
 from filters.stores import replay
 from gateway.control.supervisor import Gateway, Options, free_ports
 from gateway.policy import Route
@@ -163,10 +164,6 @@ def envelope(body_xml: str, version: str = "1.1", header_xml: str = "") -> bytes
     )
     header = f"<soap:Header>{header_xml}</soap:Header>" if header_xml else ""
     return (f'<soap:Envelope xmlns:soap="{soap}">{header}<soap:Body>{body_xml}</soap:Body></soap:Envelope>').encode()
-
-
-def content_type(version: str) -> str:
-    return "application/soap+xml; charset=utf-8" if version == "1.2" else "text/xml; charset=utf-8"
 
 
 # Loopback only, and nothing written to disk.

@@ -39,7 +39,7 @@ from lxml import etree
 
 from filters.engine import faults, metrics
 from filters.engine.ns import DS, XENC, XENC11, q
-from filters.engine.xml import threat_protection
+from filters.engine.xml import threat_protection, xmlsupport
 from filters.engine.xml.threat_protection import Limits
 
 TYPE_CONTENT = XENC + "Content"
@@ -368,7 +368,7 @@ def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits:
     ):
         raise _failed("EncryptedData: Type Element but the plaintext is not one element")
     if kind == TYPE_CONTENT and not nodes and not wrapper.text:
-        _remove(ed, parent)  # empty plaintext: nothing to parse in place (libxml2 refuses an empty chunk)
+        xmlsupport.remove(ed)  # empty plaintext: nothing to parse in place (libxml2 refuses an empty chunk)
         return [parent]
     landed = _put_back(ed, key)
     if _has_cdata(chunks):
@@ -390,17 +390,6 @@ def _merge_cdata(top: etree._Element) -> None:
             el.text = el.text  # lxml reads text and CDATA together and writes one text node
         if el.tail:
             el.tail = el.tail
-
-
-def _remove(ed: etree._Element, parent: etree._Element) -> None:
-    """Take `ed` out, leaving the text after it where it was (lxml would take its tail along)."""
-    if ed.tail:
-        prev = ed.getprevious()
-        if prev is not None:
-            prev.tail = (prev.tail or "") + ed.tail
-        else:
-            parent.text = (parent.text or "") + ed.tail
-    parent.remove(ed)
 
 
 def _put_back(ed: etree._Element, key: bytes) -> etree._Element:

@@ -24,6 +24,7 @@ from filters.engine.wss import encryption, keys, signature, timestamp, username_
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss.optimizations import Optimizations
 from filters.engine.wss.replay import DeferredKey, DeferredReplay, ReplayCache, check_epoch, first_sight
+from filters.engine.xml import xmlsupport
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import Limits
 from gateway.policy import EncryptionPolicy, SignaturePolicy, TimestampPolicy, UsernameTokenPolicy
@@ -516,9 +517,9 @@ def _strip(env: Envelope, security: etree._Element) -> None:
     """Leave plain SOAP: no Security header, no empty Header, no wsu:Id the sender put on the Body."""
     header = security.getparent()
     assert header is not None
-    _remove(security)
+    xmlsupport.remove(security, blank_tail=False)
     if not any(isinstance(c.tag, str) for c in header):
-        _remove(header)
+        xmlsupport.remove(header, blank_tail=False)
     body = env.body
     if body.get(WSU_ID) is not None:
         del body.attrib[WSU_ID]
@@ -542,16 +543,3 @@ def _drop_wsu_declaration(body: etree._Element) -> None:
         if "" in declared or None in declared or _MENTIONED(body, p=prefix + ":"):
             continue
         etree.cleanup_namespaces(body, keep_ns_prefixes=[p for p in declared if p != prefix])
-
-
-def _remove(el: etree._Element) -> None:
-    """Remove an element but keep its tail text where it was."""
-    parent = el.getparent()
-    assert parent is not None
-    if el.tail and el.tail.strip():
-        prev = el.getprevious()
-        if prev is not None:
-            prev.tail = (prev.tail or "") + el.tail
-        else:
-            parent.text = (parent.text or "") + el.tail
-    parent.remove(el)

@@ -86,3 +86,17 @@ def check_libxml2() -> None:
             f"lxml uses libxml2 {lxml_version} but xmlsec uses {xmlsec_version}: "
             "install matching wheels (see pyproject.toml pins)"
         )
+
+
+def remove(el: etree._Element, blank_tail: bool = True) -> None:
+    """Take `el` out, leaving the text after it where it was (lxml would take its tail along); a whitespace-only
+    tail goes with it unless `blank_tail` (decrypted content keeps every character its signature saw)."""
+    parent = el.getparent()
+    assert parent is not None
+    if el.tail and (blank_tail or el.tail.strip()):
+        prev = el.getprevious()
+        if prev is not None:
+            prev.tail = (prev.tail or "") + el.tail
+        else:
+            parent.text = (parent.text or "") + el.tail
+    parent.remove(el)
