@@ -21,6 +21,8 @@ from gateway.policy import Route
 SOAP_BINDINGS = (ns.q(ns.WSDL_SOAP11, "binding"), ns.q(ns.WSDL_SOAP12, "binding"))
 _INCLUDE = f"{ns.SP12}/IncludeToken/"
 _REPLACED = ("hmac", "rsa", "secureconversation")
+# Metro's (WSIT's) unqualified attribute on sp:AlgorithmSuite naming the asymmetric signature algorithm.
+METRO_SIGNATURE_ALGORITHM = "signatureAlgorithm"
 
 
 def rewrite(definitions: etree._Element, route: Route) -> None:
@@ -108,7 +110,12 @@ def _x509(include: str) -> etree._Element:
 def _suite(route: Route) -> etree._Element:
     size = 128 if route.encryption.data_algorithms[0].startswith("aes128") else 256
     name = f"Basic{size}" + ("Sha256" if route.signature.digests[0] == "sha256" else "")
-    return _nested("sp:AlgorithmSuite", [_element(f"sp:{name}")])
+    suite = _nested("sp:AlgorithmSuite", [_element(f"sp:{name}")])
+    # Every SP suite names RSA-SHA1 for X.509 signatures; Metro reads this attribute (JCA name) instead.
+    rsa = [a for a in route.signature.algorithms if a.startswith("rsa-")]
+    if rsa and rsa[0] == "rsa-sha256":
+        suite.set(METRO_SIGNATURE_ALGORITHM, "SHA256withRSA")
+    return suite
 
 
 def _layout() -> etree._Element:
