@@ -214,7 +214,8 @@ class SecuredPipeline(RoutePipeline):
         key_info = _key_info_for(ref)
         sign = None
         if route.hmac.sign_response:
-            sign = sending.SignWith(signer=signature.Signer(secret, _hmac_algorithm(route), _digest(route)),
+            algorithm_used = _hmac_algorithm(route, verified.signature_algorithm)
+            sign = sending.SignWith(signer=signature.Signer(secret, algorithm_used, _digest(route)),
                                        key_info=key_info, optimizations=self.optimizations)  # fmt: skip
         encrypt = None
         if route.encryption.encrypt_response:
@@ -296,19 +297,25 @@ class SecureConversationPipeline(SecuredPipeline):
             return super().response_security(verified)
         return context_security(
             verified.context, self.route, encrypt=self.route.encryption.encrypt_response,
-            optimizations=self.optimizations,
+            optimizations=self.optimizations, algorithm=verified.signature_algorithm,
         )  # fmt: skip
 
 
 def context_security(
-    ctx: sc.Context, route: Route, *, encrypt: bool, optimizations: Optimizations | None = None
+    ctx: sc.Context,
+    route: Route,
+    *,
+    encrypt: bool,
+    optimizations: Optimizations | None = None,
+    algorithm: str | None = None,
 ) -> ResponseSecurity:
-    """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this."""
+    """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this. `algorithm`:
+    the request's signature algorithm, answered in where the route allows it."""
     keys_ = sc.message_keys(ctx)
     dk = ctx.version.dk_token_type
     signing, encrypting = keys_.signing, keys_.encryption
     sign = sending.SignWith(
-        signer=signature.Signer(signing.key, _hmac_algorithm(route), _digest(route)),
+        signer=signature.Signer(signing.key, _hmac_algorithm(route, algorithm), _digest(route)),
         key_info=lambda: keys.str_reference(signing.id, dk),
         optimizations=optimizations,
     )
@@ -354,8 +361,13 @@ def _rsa_algorithm(route: Route) -> str:
     return next((a for a in route.signature.algorithms if a.startswith("rsa")), "rsa-sha256")
 
 
-def _hmac_algorithm(route: Route) -> str:
-    return next((a for a in route.signature.algorithms if a.startswith("hmac")), "hmac-sha256")
+def _hmac_algorithm(route: Route, used: str | None = None) -> str:
+    """The request's HMAC algorithm where the route allows it (a client that signed HMAC-SHA1, as Metro and every
+    SP suite do, may verify nothing else), else the route's first."""
+    allowed = [a for a in route.signature.algorithms if a.startswith("hmac")]
+    if used in allowed:
+        return used
+    return allowed[0] if allowed else "hmac-sha256"
 
 
 def _digest(route: Route) -> str:

@@ -88,6 +88,7 @@ class Verified:
     # "key:<name>" (a pre-shared key) or ANONYMOUS (a key from an EncryptedKey and nothing else).
     subject: str | None = None
     symmetric_key: bytes | None = None  # the key an HMAC signature was made with
+    signature_algorithm: str | None = None  # the verified signature's (policy name): a reply may answer in it
     key_reference: keys.KeyRef | None = None  # how the sender named that key, to name it back in a reply
     username: str | None = None
     timestamp: timestamp.Window | None = None
@@ -121,6 +122,8 @@ class _State:
     decrypted_with: dict[etree._Element, bytes] = field(default_factory=dict)
     username_token: etree._Element | None = None  # the header's one UsernameToken, authenticated after the walk
     username_key: bytes | None = None  # the key it arrived encrypted under
+    key_carriers: list[tuple[bytes, etree._Element]] = field(default_factory=list)  # opened EncryptedKeys
+    cbc_keys_used: list[bytes] = field(default_factory=list)  # keys that decrypted CBC (once per message)
     scts: dict[str, sc.Sct] = field(default_factory=dict)
     resolve: sc.SctResolver | None = None  # the message's one resolver: each context looked up once
     signatures: int = 0
@@ -292,7 +295,33 @@ def _encrypted_key(st: _State, ek: etree._Element) -> bool:
 def _open_encrypted_key(st: _State, ek: etree._Element, key_size: int | None = None) -> bytes:
     if st.creds.decryption_key is None:
         raise faults.security("SecurityTokenUnavailable", "EncryptedKey sent to a route without a decryption key")
-    return encryption.decrypt_key(ek, st.creds.decryption_key, st.req.encryption.key_transport, key_size)
+    secret = encryption.decrypt_key(ek, st.creds.decryption_key, st.req.encryption.key_transport, key_size)
+    st.key_carriers.append((secret, ek))
+    return secret
+
+
+def _check_cbc(st: _State, ed: etree._Element, secret: bytes) -> None:
+    """A CBC EncryptedData is decrypted only when nothing about its padding or plaintext can be learnt by whoever
+    sent it (the Jager-Somorovsky oracle; docs/interop.md "CBC"): a signature verified before decryption covers
+    it (encrypt-then-sign: a changed ciphertext is refused before any byte of it is decrypted), and that
+    signature's maker already holds the key. A symmetric signer does when it signed with this very key or with
+    a key of the same security context. An X.509 signer proves nothing about the key in an EncryptedKey (a
+    trusted client can sign someone else's EncryptedKey and ciphertext): that EncryptedKey decrypts CBC in one
+    message only (remembered like a signature value), which its owner's own message has already spent."""
+    if not st.out.covers(ed):
+        raise encryption.failed("CBC EncryptedData not covered by a signature verified before decryption")
+    if st.out.symmetric_key is not None:
+        derived = st.out.context is not None and any(st.secret_by_id.get(i) is secret for i in st.derived_ids)
+        if not (hmac.compare_digest(secret, st.out.symmetric_key) or derived):
+            raise encryption.failed("CBC EncryptedData under a key its signature was not made with")
+        return
+    carrier = next((ek for key, ek in st.key_carriers if key is secret), None)
+    if carrier is None:
+        raise encryption.failed("CBC EncryptedData under a key that came in no EncryptedKey")
+    if all(key is not secret for key in st.cbc_keys_used):
+        st.cbc_keys_used.append(secret)
+        used = encryption.failed("CBC EncryptedKey used before")
+        _first_sight(st, b"cbc-key:" + encrypted_key_sha1(carrier).encode(), _replay_ttl(st), used)
 
 
 def encrypted_key_sha1(ek: etree._Element) -> str:
@@ -317,6 +346,8 @@ def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
     parent = ed.getparent()
     assert parent is not None
     was_signed = st.out.covers(ed)
+    if encryption.cbc_data(ed, st.req.encryption.data_algorithms):
+        _check_cbc(st, ed, secret)
     landing = encryption.decrypt_data(ed, secret, st.req.encryption.data_algorithms, st.req.limits)
     drop_comments(parent)  # decrypted content is read and forwarded like the rest
     st.decrypted.append((parent, landing, was_signed))
@@ -412,6 +443,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
     _first_sight(st, b"sig:" + verified.signature_value, _replay_ttl(st), replayed)
     st.out.signed.extend(verified.elements)
+    st.out.signature_algorithm = verified.algorithm
     st.signature = sig
     if isinstance(key, bytes):
         st.out.symmetric_key = key

@@ -16,7 +16,11 @@ JAR = Path(__file__).parent / "interop" / "metro" / "target" / "metro-client.jar
 
 
 class MetroError(Exception):
-    """Metro refused or failed (its own error text and causes)."""
+    """Metro refused or failed (its own error text and causes); `trace` is the Java stack trace."""
+
+    def __init__(self, message: str, trace: str = "") -> None:
+        super().__init__(message)
+        self.trace = trace
 
 
 class Metro:
@@ -50,7 +54,7 @@ class Metro:
             raise RuntimeError(f"the Metro client exited ({self.proc.poll()})")
         answer = json.loads(line)
         if not answer.pop("ok"):
-            raise MetroError(answer["error"])
+            raise MetroError(answer["error"], answer.get("trace", ""))
         return answer
 
     def invoke(self, wsdl: str, service: str, port: str, payloads: list[str], **params: Any) -> list[str]:
