@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 from xml.sax.saxutils import escape
 
+import xmlsec
 from cryptography import x509
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -358,8 +359,8 @@ def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits:
     chunks = _decrypt(alg, key, cipher_value(ed, "EncryptedData"))
     depth = sum(1 for _ in parent.iterancestors()) + 1
     try:
-        # The plaintext lands in the parent, so it sees the parent's namespaces (not the EncryptedData's own:
-        # .NET declares xenc as the default namespace there).
+        # The gate: the plaintext parsed with the envelope's hardening, where it will land (the parent's
+        # namespaces in scope; not the EncryptedData's own: .NET declares xenc as the default namespace there).
         wrapper = threat_protection.parse_fragment(chunks, parent.nsmap, limits, depth)
     except faults.Fault as fault:
         raise failed(f"EncryptedData: decrypted content refused: {fault.reason}") from None
@@ -371,27 +372,41 @@ def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits:
         and not (nodes[0].tail or "").strip()
     ):
         raise failed("EncryptedData: Type Element but the plaintext is not one element")
-    _replace(ed, parent, wrapper.text, nodes)
-    return nodes if kind == TYPE_ELEMENT else [parent]
+    if kind == TYPE_CONTENT and not nodes and not wrapper.text:
+        _remove(ed, parent)  # empty plaintext: nothing to parse in place (libxml2 refuses an empty chunk)
+        return [parent]
+    landed = _put_back(ed, key)
+    return [landed] if kind == TYPE_ELEMENT else [parent]
 
 
-def _replace(ed: etree._Element, parent: etree._Element, lead: str | None, nodes: list[etree._Element]) -> None:
-    """Put `lead` text and `nodes` where `ed` is, keeping the text around it where it was."""
-    tail = ed.tail or ""
-    if nodes:
-        if tail:
-            nodes[-1].tail = (nodes[-1].tail or "") + tail
-        before = lead or ""
-    else:
-        before = (lead or "") + tail
-    if before:
+def _remove(ed: etree._Element, parent: etree._Element) -> None:
+    """Take `ed` out, leaving the text after it where it was (lxml would take its tail along)."""
+    if ed.tail:
         prev = ed.getprevious()
         if prev is not None:
-            prev.tail = (prev.tail or "") + before
+            prev.tail = (prev.tail or "") + ed.tail
         else:
-            parent.text = (parent.text or "") + before
-    index = parent.index(ed)
-    parent[index : index + 1] = nodes  # moves the nodes out of the wrapper; ed goes, and its tail with it
+            parent.text = (parent.text or "") + ed.tail
+    parent.remove(ed)
+
+
+def _put_back(ed: etree._Element, key: bytes) -> etree._Element:
+    """Replace `ed` by its plaintext, parsed by libxml2 in the parent's context (xmlParseInNodeContext, through
+    xmlsec's decrypt) and linked in as it is; returns the element that took `ed`'s place (Type Element).
+
+    Not lxml: moving parsed nodes into the tree makes lxml drop every declaration whose URI is already bound
+    above, whatever its prefix, and rebind the names to that prefix, which breaks QNames in attribute values and
+    text (xsi:type="p:T") and changes the canonical form a signature covers. The bytes are the ones the gate
+    above accepted (decryption is deterministic), so a failure here is unexpected, and the same FailedCheck."""
+    ctx = xmlsec.EncryptionContext()
+    ctx.key = xmlsec.Key.from_binary_data(xmlsec.constants.KeyDataAes, key)
+    try:
+        landed = ctx.decrypt(ed)
+    except xmlsec.Error as exc:
+        raise failed(f"EncryptedData: putting the plaintext back failed ({type(exc).__name__})") from None
+    if not isinstance(landed, etree._Element):
+        raise failed("EncryptedData: plaintext was not put back")
+    return landed
 
 
 def _encrypt(alg: _DataAlgorithm, key: bytes, parts: list[bytes]) -> bytes:

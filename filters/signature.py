@@ -212,8 +212,7 @@ def _check_signature(
 
     digests = {DIGEST_METHODS[d].href: DIGEST_METHODS[d] for d in policy.digests}
     ids = [_check_reference(r, digests) for r in refs]
-    if len(set(ids)) != len(ids):
-        raise faults.security("InvalidSecurity", "the same element is referenced twice")
+    _check_duplicates(refs, ids)
     # The value xmlsec verifies is this one (its text, whole), and the replay store remembers these bytes: a
     # signature has exactly one accepted length (an RSA value as long as the modulus, an HMAC as its hash), so
     # no other spelling of the same signature (leading zeros, a truncated MAC) passes as a new message.
@@ -221,6 +220,18 @@ def _check_signature(
     if len(value) != _signature_length(algorithm, key):
         raise faults.security("InvalidSecurity", f"ds:SignatureValue of {len(value)} bytes for {algorithm}")
     return algorithm, ids, value
+
+
+def _check_duplicates(refs: list[etree._Element], ids: list[str]) -> None:
+    """A second reference to an element passes only as an exact copy of the first: same URI, transforms,
+    digest method and value, spelled the same (Metro's Cancel references each signed WS-Addressing header twice).
+    Such a copy digests the same bytes as the first, so it proves nothing more and is counted once. Any other
+    pair (another transform, PrefixList, digest or value) would let two readings of one element be signed: refused."""
+    first: dict[str, bytes] = {}
+    for ref, ref_id in zip(refs, ids, strict=True):
+        form = etree.tostring(ref, method="c14n", exclusive=True, with_comments=True)
+        if first.setdefault(ref_id, form) != form:
+            raise faults.security("InvalidSecurity", f"reference #{ref_id[:80]} appears twice, not as an exact copy")
 
 
 def _signature_length(algorithm: str, key: x509.Certificate | bytes) -> int:
@@ -400,7 +411,7 @@ def verify(
     if optimizations is not None:
         direct = _verify_direct(sig, elements, security, key, algorithm, value, optimizations)
         if direct:
-            return Verified(elements=elements, signature_value=value, algorithm=algorithm)
+            return _verified(elements, value, algorithm)
     xkey = (
         xmlsec.Key.from_binary_data(xmlsec.constants.KeyDataHmac, key)
         if isinstance(key, bytes)
@@ -413,7 +424,7 @@ def verify(
         if prefixes:
             c14n.check_affordable(c14n.received_form(el), prefixes)
     ctx = _context(xkey, method, [DIGEST_METHODS[d] for d in policy.digests])
-    for el, ref_id in zip(elements, ids, strict=True):
+    for ref_id, el in dict(zip(ids, elements, strict=True)).items():
         _register(ctx, el, ref_id)
     try:
         ctx.verify(sig)
@@ -421,7 +432,12 @@ def verify(
         raise faults.security("FailedCheck", f"signature does not verify: {exc}") from None
     if direct is False and optimizations is not None:
         optimizations.diverged()
-    return Verified(elements=elements, signature_value=value, algorithm=algorithm)
+    return _verified(elements, value, algorithm)
+
+
+def _verified(elements: list[etree._Element], value: bytes, algorithm: str) -> Verified:
+    """Each signed element once, in the order of its first reference (exact duplicates are counted once)."""
+    return Verified(elements=list({id(e): e for e in elements}.values()), signature_value=value, algorithm=algorithm)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -551,8 +551,9 @@ def _strip(env: Envelope, security: etree._Element) -> None:
         _remove(header)
     body = env.body
     if body.get(WSU_ID) is not None:
+        # The wsu declaration stays: lxml's cleanup_namespaces would also drop, anywhere in the Body, the
+        # declarations only QNames in attribute values and text use (xsi:type="p:T"), and rebind prefixes.
         del body.attrib[WSU_ID]
-        etree.cleanup_namespaces(body)
 
 
 def _remove(el: etree._Element) -> None:
