@@ -185,8 +185,14 @@ class SecuredPipeline(RoutePipeline):
     ) -> None:
         """Secure a reply; its Signature encrypted with its Body where the policy says (encrypt_signature)."""
         encrypt_signature = self.route.encryption.encrypt_signature and sign is not None and encrypt is not None
-        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt, tokens=tokens,
-                       encrypt_signature=encrypt_signature)  # fmt: skip
+        # The reply's WS-Addressing headers signed where the published policy's SignedParts name them (the route
+        # signs addressing; a SecureConversation bootstrap always does): Metro refuses a reply without them.
+        route = self.route
+        parts = ("body", "timestamp")
+        if "addressing" in route.signature.parts or route.profile == "secureconversation":
+            parts += ("addressing",)
+        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, sign_parts=parts,
+                       encrypt=encrypt, tokens=tokens, encrypt_signature=encrypt_signature)  # fmt: skip
 
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
         """How to secure the response to a request that established `verified`."""

@@ -86,10 +86,11 @@ def _all(route: Route) -> etree._Element:
 
 def _addressing(route: Route) -> list[etree._Element]:
     """wsam:Addressing where the route uses WS-Addressing: WS-Trust exchanges (secureconversation) need it, and a
-    route that signs the addressing headers needs them sent."""
+    route that signs the addressing headers needs them sent. Optional: the backend's replies carry addressing
+    headers only if the backend writes them (the gateway's own WS-Trust replies always do)."""
     if route.profile != "secureconversation" and "addressing" not in route.signature.parts:
         return []
-    return [_element("wsam:Addressing", {}, [_element("wsp:Policy")])]
+    return [_element("wsam:Addressing", {f"{{{ns.WSP}}}Optional": "true"}, [_element("wsp:Policy")])]
 
 
 def _binding(route: Route) -> etree._Element:
