@@ -36,7 +36,7 @@ class RecordingProxy:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-        
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 ex = Exchange(self.path, headers, body)
