@@ -38,6 +38,9 @@ ENCRYPTED_DATA = ns.q(ns.XENC, "EncryptedData")
 KEY_INFO = ns.q(ns.DS, "KeyInfo")
 WSU_ID = ns.q(ns.WSU, "Id")
 ANONYMOUS = "anonymous"
+# How long an EncryptedKey that decrypted CBC is remembered: past the replay window, so that one copy of it
+# gets one decryption a day at most, not one per window (docs/interop.md "CBC").
+CBC_KEY_MEMORY_S = 86400
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -301,27 +304,36 @@ def _open_encrypted_key(st: _State, ek: etree._Element, key_size: int | None = N
 
 
 def _check_cbc(st: _State, ed: etree._Element, secret: bytes) -> None:
-    """A CBC EncryptedData is decrypted only when nothing about its padding or plaintext can be learnt by whoever
-    sent it (the Jager-Somorovsky oracle; docs/interop.md "CBC"): a signature verified before decryption covers
-    it (encrypt-then-sign: a changed ciphertext is refused before any byte of it is decrypted), and that
-    signature's maker already holds the key. A symmetric signer does when it signed with this very key or with
-    a key of the same security context. An X.509 signer proves nothing about the key in an EncryptedKey (a
-    trusted client can sign someone else's EncryptedKey and ciphertext): that EncryptedKey decrypts CBC in one
-    message only (remembered like a signature value), which its owner's own message has already spent."""
-    if not st.out.covers(ed):
-        raise encryption.failed("CBC EncryptedData not covered by a signature verified before decryption")
-    if st.out.symmetric_key is not None:
-        derived = st.out.context is not None and any(st.secret_by_id.get(i) is secret for i in st.derived_ids)
-        if not (hmac.compare_digest(secret, st.out.symmetric_key) or derived):
-            raise encryption.failed("CBC EncryptedData under a key its signature was not made with")
-        return
+    """A CBC EncryptedData is decrypted only where its padding and parse errors teach its sender nothing (the
+    Jager-Somorovsky oracle; docs/interop.md "CBC"). A key that came in an EncryptedKey decrypts CBC in one message
+    only: the EncryptedKey is claimed in the replay store, settled now even where the store defers, before the first
+    byte is decrypted, so a copy of someone else's EncryptedKey with changed ciphertext (any number of
+    EncryptedData in that one message: the first failure ends it) is refused unopened. Any other key (pre-shared,
+    derived from a security context) is reused by design: then a signature verified before decryption must cover
+    the ciphertext (encrypt-then-sign) and be made with that key or one of the same context, so its maker holds
+    the key already and a changed ciphertext is refused before it is decrypted."""
     carrier = next((ek for key, ek in st.key_carriers if key is secret), None)
-    if carrier is None:
-        raise encryption.failed("CBC EncryptedData under a key that came in no EncryptedKey")
-    if all(key is not secret for key in st.cbc_keys_used):
-        st.cbc_keys_used.append(secret)
-        used = encryption.failed("CBC EncryptedKey used before")
-        _first_sight(st, b"cbc-key:" + encrypted_key_sha1(carrier).encode(), _replay_ttl(st), used)
+    if carrier is not None:
+        if all(key is not secret for key in st.cbc_keys_used):
+            st.cbc_keys_used.append(secret)
+            _claim_now(st, b"cbc-key:" + encrypted_key_sha1(carrier).encode(), encryption.failed("CBC key reused"))
+        return
+    if not st.out.covers(ed) or st.out.symmetric_key is None:
+        raise encryption.failed("CBC EncryptedData under a shared key, not covered by a verified signature")
+    derived = st.out.context is not None and any(st.secret_by_id.get(i) is secret for i in st.derived_ids)
+    if not (derived or hmac.compare_digest(secret, st.out.symmetric_key)):
+        raise encryption.failed("CBC EncryptedData under a key its signature was not made with")
+
+
+def _claim_now(st: _State, key: bytes, used: faults.Fault) -> None:
+    """Set a replay key before going on, whatever the store (a deferred one is settled for this key at once)."""
+    store = st.creds.replay
+    if store is None:
+        raise encryption.failed("CBC on a route without a replay store")
+    if isinstance(store, DeferredRedisReplay):
+        store.settle([store.key(key, CBC_KEY_MEMORY_S, used)], int(st.now.timestamp() * 1000))
+    elif store.seen(key, CBC_KEY_MEMORY_S):
+        raise used
 
 
 def encrypted_key_sha1(ek: etree._Element) -> str:
