@@ -311,25 +311,29 @@ def _check_cbc(st: _State, ed: etree._Element, secret: bytes) -> None:
     EncryptedData in that one message: the first failure ends it) is refused unopened. Any other key (pre-shared,
     derived from a security context) is reused by design: then a signature verified before decryption must cover
     the ciphertext (encrypt-then-sign) and be made with that key or one of the same context, so its maker holds
-    the key already and a changed ciphertext is refused before it is decrypted."""
+    the key already and a changed ciphertext is refused before it is decrypted.
+
+    The receiving side with no replay store (a client reading its reply, which answers nobody) needs the
+    covering signature whatever the key."""
     carrier = next((ek for key, ek in st.key_carriers if key is secret), None)
-    if carrier is not None:
+    if carrier is not None and st.creds.replay is not None:
         if all(key is not secret for key in st.cbc_keys_used):
             st.cbc_keys_used.append(secret)
             _claim_now(st, b"cbc-key:" + encrypted_key_sha1(carrier).encode(), encryption.failed("CBC key reused"))
         return
-    if not st.out.covers(ed) or st.out.symmetric_key is None:
-        raise encryption.failed("CBC EncryptedData under a shared key, not covered by a verified signature")
+    if not st.out.covers(ed):
+        raise encryption.failed("CBC EncryptedData not covered by a signature verified before decryption")
+    if carrier is None and st.out.symmetric_key is None:
+        raise encryption.failed("CBC EncryptedData under a shared key its X.509 signer need not hold")
     derived = st.out.context is not None and any(st.secret_by_id.get(i) is secret for i in st.derived_ids)
-    if not (derived or hmac.compare_digest(secret, st.out.symmetric_key)):
+    if carrier is None and not (derived or hmac.compare_digest(secret, st.out.symmetric_key or b"")):
         raise encryption.failed("CBC EncryptedData under a key its signature was not made with")
 
 
 def _claim_now(st: _State, key: bytes, used: faults.Fault) -> None:
     """Set a replay key before going on, whatever the store (a deferred one is settled for this key at once)."""
     store = st.creds.replay
-    if store is None:
-        raise encryption.failed("CBC on a route without a replay store")
+    assert store is not None
     if isinstance(store, DeferredRedisReplay):
         store.settle([store.key(key, CBC_KEY_MEMORY_S, used)], int(st.now.timestamp() * 1000))
     elif store.seen(key, CBC_KEY_MEMORY_S):
