@@ -288,6 +288,10 @@ class SecureConversationPipeline(SecuredPipeline):
                 env.version, answer.response, action=rst.version.issue_reply_action, relates_to=relates_to
             )
             sign, encrypt, tokens = self.response_security(verified)
+            if encrypt is None and (answer.key_in_body or verified.decrypted_body):
+                # The key travels in this Body (or the client protected its own entropy: so is the issuer's).
+                algorithm = route.encryption.response_algorithm
+                encrypt = sending.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
         else:
             if verified.context is None:
                 raise faults.security("InvalidSecurity", "a Cancel request must be signed with the context's keys")
