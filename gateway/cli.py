@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from certs import pki
-from gateway import envoy_config
+from gateway import envoy_config, published_policy
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, load_dir
 from gateway.supervisor import default_workers
 
@@ -58,6 +58,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     for r in ps.routes:
         print(f"ok  {r.name:24} {r.profile:18} {r.match.path_prefix} -> {r.upstream.address}  ({ps.sources[r.name]})")
+        if r.wsdl is not None and r.wsdl.publish:
+            for gap in published_policy.gaps(r):
+                print(f"    published policy: {gap}")
     return 0
 
 

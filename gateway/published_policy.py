@@ -49,6 +49,44 @@ def rewrite(definitions: etree._Element, route: Route) -> None:
         )
 
 
+def gaps(route: Route) -> list[str]:
+    """What the route's published policy cannot say, or says differently from what the route takes (`wsgate
+    check` prints them): WS-SecurityPolicy's suites name RSA-SHA1, HMAC-SHA1 and AES-CBC, whatever the digest."""
+    if route.profile not in _REPLACED:
+        return []
+    sig, enc = route.signature, route.encryption
+    notes = []
+    if route.profile != "hmac" and "rsa-sha1" not in sig.algorithms:
+        notes.append(
+            "X.509 signatures: the SP suite names RSA-SHA1, which this route refuses; RSA-SHA256 is asked "
+            "for in Metro's signatureAlgorithm attribute only (CXF and WSS4J clients are configured for it)"
+        )
+    if route.profile != "rsa" and "hmac-sha1" not in sig.algorithms:
+        notes.append(
+            "symmetric signatures: every SP suite names HMAC-SHA1, the only one Metro signs with, and this "
+            "route refuses it (list hmac-sha1 in signature.algorithms for such clients)"
+        )
+    encrypts = enc.require_request or enc.encrypt_response or route.profile == "secureconversation"
+    if encrypts and not accepts_cbc(route):
+        notes.append(
+            "encryption: the SP suite names AES-CBC and this route takes GCM only: clients are configured "
+            "for GCM (CXF's cxf:Basic256GCM suite names SHA-1 digests); Metro 4 has no GCM"
+        )
+    if enc.require_request != enc.encrypt_response and route.profile != "secureconversation":
+        notes.append(
+            "encryption: EncryptedParts is stated for requests and replies alike; this route requires "
+            + ("requests encrypted, replies not" if enc.require_request else "replies encrypted only")
+        )
+    if "rsa-oaep-mgf1p" not in enc.key_transport:
+        notes.append("key transport: the SP suites name RSA-OAEP with MGF1-SHA1 (rsa-oaep-mgf1p), not listed here")
+    if route.accepts_username_tokens and route.username_token.required and "username_token" not in sig.parts:
+        notes.append(
+            "UsernameToken: published unsigned; Metro encrypts it anyway, which is taken only signed "
+            "(list username_token in signature.parts)"
+        )
+    return notes  # fmt: skip
+
+
 def _has_policy(root: etree._Element) -> bool:
     return any(
         el.tag.startswith((f"{{{ns.WSP}}}", f"{{{ns.WSP_2004}}}")) for el in root.iter() if isinstance(el.tag, str)
@@ -97,7 +135,8 @@ def _binding(route: Route) -> etree._Element:
     timestamp = [_element("sp:IncludeTimestamp")] if route.timestamp.required else []
     # CBC is taken only as signed ciphertext (filters/wssecurity._check_cbc), and answered so.
     order = [_element("sp:EncryptBeforeSigning")] if accepts_cbc(route) else []
-    common = [_suite(route), _layout(), *timestamp, *order, _element("sp:OnlySignEntireHeadersAndBody")]
+    suite = _suite(route, asymmetric=route.profile == "rsa")
+    common = [suite, _layout(), *timestamp, *order, _element("sp:OnlySignEntireHeadersAndBody")]
     if route.profile == "rsa":
         return _nested("sp:AsymmetricBinding", [
             _nested("sp:InitiatorToken", [_x509("AlwaysToRecipient")]),
@@ -136,13 +175,13 @@ def _x509(include: str) -> etree._Element:
     return token
 
 
-def _suite(route: Route) -> etree._Element:
+def _suite(route: Route, asymmetric: bool = False) -> etree._Element:
     size = 128 if route.encryption.data_algorithms[0].startswith("aes128") else 256
     name = f"Basic{size}" + ("Sha256" if route.signature.digests[0] == "sha256" else "")
     suite = _nested("sp:AlgorithmSuite", [_element(f"sp:{name}")])
     # Every SP suite names RSA-SHA1 for X.509 signatures; Metro reads this attribute (JCA name) instead.
     rsa = [a for a in route.signature.algorithms if a.startswith("rsa-")]
-    if rsa and rsa[0] == "rsa-sha256":
+    if asymmetric and rsa and rsa[0] == "rsa-sha256":
         suite.set(METRO_SIGNATURE_ALGORITHM, "SHA256withRSA")
     return suite
 
