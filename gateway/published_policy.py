@@ -6,10 +6,13 @@ route's own policy put in its place, referenced from every SOAP binding. `tls` a
 WSDL states no policy (the message itself reaches the backend as sent, so a policy it states still holds);
 `none` and `xml` publish the WSDL's policy as it is.
 
-Modest on purpose (README "The published WSDL"): the bindings, tokens, timestamp, signed and encrypted Body,
-supporting UsernameTokens and an algorithm suite. Left out: AES-GCM (no SP 1.2 suite names it: the suite named is
-the CBC one of the same key size and digest), pre-shared keys named by ds:KeyName (no SP token describes them),
-the accepted algorithm lists beyond the first, per-operation policies and response-side encryption assertions."""
+Modest on purpose (README "The published WSDL", docs/interop.md): the bindings, tokens, timestamp, signed and
+encrypted Body (one EncryptedParts for both directions), supporting UsernameTokens, an algorithm suite with
+Metro's signatureAlgorithm attribute, EncryptBeforeSigning where CBC is taken, wsam:Addressing, and for
+secureconversation derived keys and a bootstrap policy. Left out: AES-GCM (no SP suite names it: the suite named
+is the CBC one of the same key size and digest), pre-shared keys named by ds:KeyName (no SP token describes
+them), the accepted algorithm lists beyond the first and per-operation policies. `gaps` names what a route takes
+differently from what its policy can say (`wsgate check` prints it)."""
 
 from __future__ import annotations
 
