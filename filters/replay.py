@@ -203,6 +203,19 @@ class DeferredRedisReplay:
         return DeferredKey(*_redis_entry(self.prefix, key, ttl_s), fault)
 
     @metrics.timed("replay")
+    def claim(self, key: DeferredKey) -> None:
+        """Set one key now, before the engine goes on (what must not happen twice even once: a CBC key's use,
+        filters/wssecurity._check_cbc); raise its fault if it was set. No epoch: it says nothing of freshness."""
+        if self._client is None:
+            self._client = _redis_client(self.url, self._timeout_s)
+        try:
+            created = self._client.set(key.name, b"1", nx=True, px=key.px)
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from None
+        if not created:
+            raise key.fault
+
+    @metrics.timed("replay")
     def settle(self, keys: Sequence[DeferredKey], since_ms: int) -> None:
         """Set every key (SET NX PX) and read the epoch, one round trip; raise the fault of the first key that was
         already set, or `before_epoch` when the message is not newer than the epoch."""

@@ -335,7 +335,7 @@ def _claim_now(st: _State, key: bytes, used: faults.Fault) -> None:
     store = st.creds.replay
     assert store is not None
     if isinstance(store, DeferredRedisReplay):
-        store.settle([store.key(key, CBC_KEY_MEMORY_S, used)], int(st.now.timestamp() * 1000))
+        store.claim(store.key(key, CBC_KEY_MEMORY_S, used))
     elif store.seen(key, CBC_KEY_MEMORY_S):
         raise used
 

@@ -17,6 +17,7 @@ from lxml import etree
 
 from filters import encryption, faults, ns, wssecurity
 from filters.profiles import SecuredPipeline
+from filters.replay import DeferredRedisReplay
 from gateway.client import Client
 from tests.test_wssecurity import ENCRYPTED_DATA, REFERENCE_LIST, SOAP11, accept, mutate, parts, refuse
 from tests.wss_helpers import client_for, echo, make_route
@@ -135,3 +136,14 @@ def test_cbc_under_a_pre_shared_key_not_covered_by_a_verified_signature_refused_
     fault = refuse(pipeline, mutate(secured, _query(1, 15)), "FailedCheck")
     assert fault.reason == "CBC EncryptedData not covered by a signature verified before decryption"
     assert fault.message == faults.WSSE_CODES["FailedCheck"]
+
+
+def test_cbc_key_is_claimed_before_decryption_where_the_replay_store_defers(pki: Path, redis_server: str) -> None:
+    """With Redis the engine leaves a message's replay keys to the frame, after its verdict; a CBC key is claimed at
+    once all the same, so a changed copy is refused before it is decrypted, not after (one worker or many)."""
+    route = make_route(pki, "rsa", encryption=CBC, replay={"store": "redis", "redis_url": redis_server})
+    first, second = SecuredPipeline(route, defer_replay=True), SecuredPipeline(route, defer_replay=True)
+    assert isinstance(first.credentials.replay, DeferredRedisReplay)
+    secured, _ = client_for(route, pki).secure(echo("genuine"))
+    accept(first, secured)  # its deferred keys not even settled: the CBC key already is
+    assert refuse(second, mutate(secured, _query(2, 3)), "FailedCheck").reason == "CBC key reused"
