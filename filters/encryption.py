@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ _DIGEST_BY_URI = {uri: name for name, uri in _DIGEST_URIS.items()}
 _MGF_BY_URI = {uri: name for name, uri in _MGF_URIS.items()}
 
 GCM_IV = 12
+_CDATA = b"<![CDATA["
 GCM_TAG = 16
 BLOCK = 16
 
@@ -376,7 +378,24 @@ def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits:
         _remove(ed, parent)  # empty plaintext: nothing to parse in place (libxml2 refuses an empty chunk)
         return [parent]
     landed = _put_back(ed, key)
+    if _has_cdata(chunks):
+        _merge_cdata(landed if kind == TYPE_ELEMENT else parent)
     return [landed] if kind == TYPE_ELEMENT else [parent]
+
+
+def _has_cdata(chunks: tuple[bytes, ...]) -> bool:
+    edges = (a[-len(_CDATA) :] + b[: len(_CDATA)] for a, b in itertools.pairwise(chunks))
+    return any(_CDATA in c for c in (*chunks, *edges))
+
+
+def _merge_cdata(top: etree._Element) -> None:
+    """CDATA sections become plain text, as the envelope's parser makes them (libxml2 keeps them when it parses
+    the plaintext in place): a value is one text, read and forwarded one way (filters/values.py)."""
+    for el in top.iter():
+        if el.text and isinstance(el.tag, str):
+            el.text = el.text  # lxml reads text and CDATA together and writes one text node
+        if el.tail:
+            el.tail = el.tail
 
 
 def _remove(ed: etree._Element, parent: etree._Element) -> None:

@@ -89,6 +89,8 @@ class Worker:
         self.budget_bytes = budget_bytes
         self.ready_file = ready_file
         self.engine = self._load()
+        self.routes = set(self.engine.pipelines)  # the policies' own routes (without those kept from before)
+        self.reloads = 0
 
     def _load(self) -> Engine:
         return Engine(check_body_budget(load_dir(self.policies_dir), self.budget_bytes), defer_replay=True)
@@ -101,16 +103,29 @@ class Worker:
         return routes, FAULT_TABLE
 
     def ready(self) -> None:
-        log.info("filter worker ready (compiled ext_proc frame)")
+        """Called once the worker listens, and after each reload once its table is installed: the ready file says
+        how many reloads are behind it (the supervisor waits for a reload before Envoy routes to new routes)."""
+        if not self.reloads:
+            log.info("filter worker ready (compiled ext_proc frame)")
         if self.ready_file is not None:
-            self.ready_file.write_text(str(os.getpid()))
+            tmp = self.ready_file.with_name(self.ready_file.name + ".tmp")
+            tmp.write_text(f"{os.getpid()} {self.reloads}")
+            os.replace(tmp, self.ready_file)
 
     def reload(self) -> Table | None:
+        self.reloads += 1
         try:
-            self.engine = self._load()
+            engine = self._load()
         except (PolicyError, OSError, faults.Fault) as exc:
             log.error("policy reload refused, keeping the running policies: %s", exc)
             return None
+        # A route this reload drops stays until the next one: the workers reload before Envoy, whose draining
+        # listeners may still send it requests for a few seconds (gateway/envoy_delivery.py). Envoy alone names
+        # the route of an exchange, and no longer names this one once it has drained.
+        routes = set(engine.pipelines)
+        for name in self.routes - routes:
+            engine.pipelines[name] = self.engine.pipelines[name]
+        self.engine, self.routes = engine, routes
         log.info("policies reloaded from %s", self.policies_dir)
         return self.table()
 

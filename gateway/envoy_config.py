@@ -6,6 +6,7 @@ without dropping in-flight requests (old listeners drain)."""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -573,20 +574,36 @@ def bootstrap(topo: Topology) -> dict[str, Any]:
 
 def render(policies: PolicySet, topo: Topology) -> dict[str, str]:
     """The files Envoy reads: envoy.yaml (bootstrap), lds.yaml, cds.yaml and, locally, eds.yaml (the workers)."""
-    lds = {
-        "resources": [
-            {"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **lis}
-            for lis in _listeners(policies, topo)
-        ]
-    }
-    cds = {"resources": [{"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", **c}
-                         for c in _clusters(policies, topo)]}  # fmt: skip
-    files = {"envoy.yaml": _dump(bootstrap(topo)), "lds.yaml": _dump(lds), "cds.yaml": _dump(cds)}
+    listeners = [{"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **lis}
+                 for lis in _listeners(policies, topo)]  # fmt: skip
+    clusters = [
+        {"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", **c} for c in _clusters(policies, topo)
+    ]
+    files = {"envoy.yaml": _dump(bootstrap(topo)), "lds.yaml": _resources(listeners), "cds.yaml": _resources(clusters)}
     if not topo.filter_dns:
-        eds = {"resources": [{"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-                              **_filter_endpoints(topo)}]}  # fmt: skip
-        files["eds.yaml"] = _dump(eds)
+        files["eds.yaml"] = _resources([{"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+                                         **_filter_endpoints(topo)}])  # fmt: skip
     return files
+
+
+def _resources(resources: list[dict[str, Any]]) -> str:
+    """A file-based xDS DiscoveryResponse. Its version_info is a digest of the resources: Envoy reports the version
+    it applied (<subscription>.version_text), which is how a reload knows a file was taken (gateway/envoy_delivery.py)."""
+    body = _dump({"resources": resources})
+    return _dump({"version_info": hashlib.sha256(body.encode()).hexdigest()[:16]}) + body
+
+
+def version(text: str) -> str:
+    """The version_info of a rendered xDS file."""
+    return str(yaml.safe_load(text)["version_info"])
+
+
+def cluster_union(old: str, new: str) -> str:
+    """The clusters of `new` plus those of `old` that `new` drops: what Envoy holds while routes move from the old
+    clusters to the new (a route naming a cluster Envoy lacks is refused, and never retried)."""
+    kept = yaml.safe_load(new)["resources"]
+    names = {c["name"] for c in kept}
+    return _resources(kept + [c for c in yaml.safe_load(old)["resources"] if c["name"] not in names])
 
 
 def _dump(doc: dict[str, Any]) -> str:

@@ -2,8 +2,9 @@
 
 Start order: backend, filter workers, Envoy (so Envoy never sees a missing filter). A worker that dies is
 restarted; Envoy dying stops the gateway. Policy files are watched: a valid change is loaded by the workers
-(SIGHUP) and then written as Envoy's new listener and cluster files, which Envoy applies without dropping
-in-flight requests; an invalid change is logged and the running policies stay."""
+(SIGHUP, waited for) and then delivered to Envoy step by step, clusters before the routes that name them and
+removed after them (gateway/envoy_delivery.py), without dropping in-flight requests; an invalid change is
+logged and the running policies stay."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import redis
 
 from certs import pki
 from filters import replay
-from gateway import envoy_config
+from gateway import envoy_config, envoy_delivery
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet, check_body_budget, load_dir
 
 REDIS_URL_ENV = "WSGATE_REDIS_URL"  # filters/profiles.py reads it
@@ -215,7 +216,10 @@ class Gateway:
         new_port = pair[1] if old_port == pair[0] else pair[0]
         self.workers[i] = self._spawn_worker(i, new_port)
         self.worker_ports[i] = new_port
-        self.render()
+        try:
+            self.render()
+        except (envoy_delivery.DeliveryError, OSError) as exc:
+            log.error("envoy did not take the moved worker endpoint: %s", exc)  # the wait below bounds the rest
         self._wait_endpoint_gone(old_port)
         old.terminate()
         self.retiring.append(old)
@@ -232,9 +236,30 @@ class Gateway:
         log.warning("envoy still lists filter endpoint %d after %.0fs; stopping that worker anyway", port, timeout)
 
     def render(self) -> None:
+        """Envoy's files for the current policies and workers: written, or delivered step by step to a running
+        Envoy (gateway/envoy_delivery.py)."""
         assert self.policies is not None
         files = envoy_config.render(self.policies, self.opts.topology(self.worker_ports))
-        envoy_config.write(files, self.opts.run_dir / "envoy")
+        if self.envoy is None or self.envoy.poll() is not None:
+            envoy_config.write(files, self.opts.run_dir / "envoy")
+        else:
+            envoy_delivery.deliver(files, self.opts.run_dir / "envoy", self.opts.admin_port)
+
+    def _reloads(self, i: int) -> int:
+        """How many reloads worker i has finished (its ready file: pid, reloads)."""
+        return int((self.opts.run_dir / f"filter-{i}.ready").read_text().split()[1])
+
+    def _reload_workers(self, timeout: float = 30) -> None:
+        """SIGHUP every worker; return once each has finished its reload (taken, or refused and logged)."""
+        wanted = [self._reloads(i) + 1 for i in range(len(self.workers))]
+        for w in self.workers:
+            w.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while any(self._reloads(i) < n for i, n in enumerate(wanted)):
+            if time.monotonic() > deadline:
+                log.error("a filter worker did not finish its reload within %.0fs; see %s", timeout, self.logs)
+                return
+            time.sleep(0.02)
 
     def start(self) -> None:
         o = self.opts
@@ -359,9 +384,14 @@ class Gateway:
             log.error("policy change refused, the running policies stay:\n%s", exc)
             return False
         self.policies = policies
-        for w in self.workers:
-            w.send_signal(signal.SIGHUP)
-        self.render()
+        # Workers first: Envoy sends a new route's requests only once they know it (they keep a dropped route
+        # until the next reload, for Envoy's draining listeners).
+        self._reload_workers()
+        try:
+            self.render()
+        except (envoy_delivery.DeliveryError, OSError) as exc:
+            log.error("envoy did not take the new configuration; it keeps the last step it took: %s", exc)
+            return False
         log.info("policies reloaded: %d routes", len(policies.routes))
         return True
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import xmlsec
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
@@ -195,3 +196,33 @@ def test_decrypted_content_cannot_break_out_of_its_place(plaintext: bytes) -> No
 def _sealed(key: bytes, plaintext: bytes) -> str:
     iv = os.urandom(12)
     return base64.b64encode(iv + AESGCM(key).encrypt(iv, plaintext, None)).decode()
+
+
+def _sealed_cbc(key: bytes, plaintext: bytes) -> str:
+    pad = 16 - len(plaintext) % 16
+    iv = os.urandom(16)
+    encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
+    return base64.b64encode(
+        iv + encryptor.update(plaintext + os.urandom(pad - 1) + bytes([pad])) + encryptor.finalize()
+    ).decode()
+
+
+@pytest.mark.parametrize("algorithm", ["aes128-gcm", "aes128-cbc"])
+@pytest.mark.parametrize("offset", range(16))  # the last CDATA at every place against the last CBC block
+@pytest.mark.parametrize("lead", [b"<![CDATA[a<]]>b", b"a&lt;b"], ids=["cdata-throughout", "cdata-last-only"])
+def test_cdata_in_decrypted_content_is_one_text_as_in_the_envelope(algorithm: str, offset: int, lead: bytes) -> None:
+    """libxml2 keeps CDATA sections when it parses the plaintext in place; the envelope's parser merges them into
+    text. Values are read and forwarded one way: decrypted content gets the envelope's form."""
+    plaintext = lead + b"<a:v>c<![CDATA[d]]></a:v>" * (lead != b"a&lt;b") + b"<a:v>cd</a:v>" * (lead == b"a&lt;b")
+    plaintext += b"x" * offset + b"<![CDATA[e]]>"
+    root = etree.fromstring(envelope("<a:op/>", SOAP11))
+    body = body_of(root)
+    key = enc.new_key(algorithm)
+    enc.encrypt_content(body, key, algorithm, "ED-1", None)
+    seal = _sealed(key, plaintext) if algorithm.endswith("gcm") else _sealed_cbc(key, plaintext)
+    body[0].find(f"{q(XENC, 'CipherData')}/{q(XENC, 'CipherValue')}").text = seal
+    enc.decrypt_data(body[0], key, [algorithm], LIMITS)
+    assert b"CDATA" not in etree.tostring(body)
+    assert (body.text, body[0].text, body[0].tail) == ("a<b", "cd", "x" * offset + "e")
+    expected = envelope("a&lt;b<a:v>cd</a:v>" + "x" * offset + "e", SOAP11)
+    assert etree.tostring(body, method="c14n") == etree.tostring(body_of(etree.fromstring(expected)), method="c14n")

@@ -42,6 +42,7 @@ from tests.wss_helpers import DEMO, route_doc
 
 VERSIONS = ["1.1", "1.2"]
 ACTION = "urn:wsgate:demo/echo"
+XSI = "http://www.w3.org/2001/XMLSchema-instance"
 ADDRESSING = {"parts": ["body", "timestamp", "addressing"]}
 ENCRYPTED = {"require_request": True, "encrypt_response": True}
 SC = {"encrypt_response": True}
@@ -227,6 +228,31 @@ def test_wss4j_encrypted_signature_request_accepted(gw: Any, pki: Path, wss4j: W
     resp = exchange(gw, "rsa-encrypted", version, secured, text, xml)
     verified = verify(wss4j, pki, resp.content)
     assert reply_text(verified, version) == text
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wss4j_encrypted_body_redeclaring_the_envelopes_prefix_verifies_and_keeps_its_qnames(
+    gw: Any, pki: Path, wss4j: Wss4j, version: str
+) -> None:
+    """Decryption must not change what was signed (issue 19 item 3): the Envelope binds d to the demo namespace,
+    the echo declares its own prefix e for it and names a type with it (xsi:type="e:Echo"); WSS4J signs the Body,
+    then encrypts its content. The gateway verifies, and the backend gets e and its declarations as sent."""
+    text = f"redeclared-{version}"
+    xml = (
+        request(gw, "rsa-encrypted", version, text)
+        .replace(b"<soap:Envelope ", f'<soap:Envelope xmlns:d="{DEMO}" '.encode(), 1)
+        .replace(b'<d:echo xmlns:d="urn:wsgate:demo"><d:text>',
+                 f'<e:echo xmlns:e="{DEMO}" xmlns:xsi="{XSI}" xsi:type="e:Echo"><e:text>'.encode())
+        .replace(b"</d:text></d:echo>", b"</e:text></e:echo>")
+    )  # fmt: skip
+    steps = [{"do": "timestamp"}, x509_sign(pki, signed_parts(version)),
+             encrypt_to_gateway(pki, [part("Body", soap_ns(version), "Content")])]  # fmt: skip
+    secured = wss4j.secure(xml, steps)["xml"]
+    assert text not in secured
+    exchange(gw, "rsa-encrypted", version, secured, text, xml)
+    echo = etree.fromstring(received(gw)[0]["body"].encode()).find(f".//{{{DEMO}}}echo")
+    assert echo is not None and echo.prefix == "e" and echo.get(f"{{{XSI}}}type") == "e:Echo"
+    assert echo.nsmap["e"] == DEMO
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -3,7 +3,7 @@
 //! `serve` runs Envoy's `ExternalProcessor` gRPC service on a single-threaded tokio runtime driven on the calling
 //! (the worker's main) thread with the GIL released; it re-takes the GIL only to call the worker: once per body
 //! phase (`handle`, the one call into the engine), per refusal (`refused`, and `replay_refused` when the replay
-//! check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready (`ready`). SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
+//! check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready and after each reload (`ready`). SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
 
 mod budget;
 mod counters;
@@ -93,7 +93,7 @@ async fn run(shared: Arc<Shared>, addr: SocketAddr, max_message_bytes: usize, gr
     }
 }
 
-/// SIGHUP: the worker reloads its policies and returns the new table, or None to keep the running one.
+/// SIGHUP: the worker reloads its policies and returns the new table, or None to keep the running one; then `ready`.
 fn reload(shared: &Shared) {
     Python::attach(|py| {
         let table = shared.worker.call_method0(py, "reload").and_then(|t| {
@@ -107,6 +107,10 @@ fn reload(shared: &Shared) {
             Ok(Some(table)) => shared.install(table),
             Ok(None) => {}
             Err(err) => err.display(py),
+        }
+        // Taken or refused, the reload is over: the worker says so (the supervisor waits for it).
+        if let Err(err) = shared.worker.call_method0(py, "ready") {
+            err.display(py);
         }
     });
 }
