@@ -12,7 +12,9 @@ Rules kept here, whoever calls:
 - RSA PKCS#1 v1.5 key transport never fails on its own: a bad block yields a random key of the expected
   length, so the failure surfaces later as the same FailedCheck as any wrong key (Bleichenbacher,
   CVE-2011-2487).
-- Decrypted plaintext gets the envelope's hardening: no DTD, entities or PIs, and the size limits.
+- Decrypted plaintext gets the envelope's hardening: no DTD, entities or PIs, and the size limits; it is put in
+  place exactly as decrypted, every namespace declaration it carries kept where it is (a signature made before
+  encryption covers that form).
 """
 
 from __future__ import annotations
@@ -76,9 +78,9 @@ _DIGEST_BY_URI = {uri: name for name, uri in _DIGEST_URIS.items()}
 _MGF_BY_URI = {uri: name for name, uri in _MGF_URIS.items()}
 
 GCM_IV = 12
-_CDATA = b"<![CDATA["
 GCM_TAG = 16
 BLOCK = 16
+_CDATA = b"<![CDATA["
 
 
 def failed(reason: str) -> faults.Fault:
@@ -384,6 +386,7 @@ def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits:
 
 
 def _has_cdata(chunks: tuple[bytes, ...]) -> bool:
+    """Whether the plaintext holds a CDATA section, its marker maybe split between two chunks."""
     edges = (a[-len(_CDATA) :] + b[: len(_CDATA)] for a, b in itertools.pairwise(chunks))
     return any(_CDATA in c for c in (*chunks, *edges))
 

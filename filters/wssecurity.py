@@ -567,9 +567,27 @@ def _strip(env: Envelope, security: etree._Element) -> None:
         _remove(header)
     body = env.body
     if body.get(WSU_ID) is not None:
-        # The wsu declaration stays: lxml's cleanup_namespaces would also drop, anywhere in the Body, the
-        # declarations only QNames in attribute values and text use (xsi:type="p:T"), and rebind prefixes.
         del body.attrib[WSU_ID]
+        _drop_wsu_declaration(body)
+
+
+# Whether a prefix is written as a QName's ("p:") in any attribute value or text of a subtree.
+_MENTIONED = etree.XPath("boolean(descendant-or-self::*/@*[contains(., $p)] | descendant::text()[contains(., $p)])")
+
+
+def _drop_wsu_declaration(body: etree._Element) -> None:
+    """Remove the wsu declaration the signer put on the Body for its wsu:Id, when that is safe with lxml's only
+    tool, cleanup_namespaces: it sees element and attribute names, not QNames in values (xsi:type="p:T"), and it
+    drops any unused default namespace declaration, an undeclaration (xmlns="") included. So it runs limited to
+    the wsu prefix, when no value names that prefix and the Body declares no default namespace; else the
+    declaration stays (unused, harmless)."""
+    parent = body.getparent()
+    inherited = parent.nsmap if parent is not None else {}
+    for prefix in [p for p, uri in body.nsmap.items() if uri == ns.WSU and p and inherited.get(p) != uri]:
+        declared = {p for _, (p, _) in etree.iterwalk(body, events=("start-ns",))}
+        if "" in declared or None in declared or _MENTIONED(body, p=prefix + ":"):
+            continue
+        etree.cleanup_namespaces(body, keep_ns_prefixes=[p for p in declared if p != prefix])
 
 
 def _remove(el: etree._Element) -> None:

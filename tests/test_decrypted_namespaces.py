@@ -21,7 +21,7 @@ from lxml import etree
 from filters import encryption as enc
 from filters.engine import Exchange
 from filters.faults import Fault
-from filters.ns import SOAP11, SOAP12, XENC, q
+from filters.ns import SOAP11, SOAP12, WSU, XENC, q
 from filters.profiles import SecuredPipeline
 from gateway.policy import Limits
 from tests.wss_helpers import client_for, make_route
@@ -226,3 +226,27 @@ def test_cdata_in_decrypted_content_is_one_text_as_in_the_envelope(algorithm: st
     assert (body.text, body[0].text, body[0].tail) == ("a<b", "cd", "x" * offset + "e")
     expected = envelope("a&lt;b<a:v>cd</a:v>" + "x" * offset + "e", SOAP11)
     assert etree.tostring(body, method="c14n") == etree.tostring(body_of(etree.fromstring(expected)), method="c14n")
+
+
+@pytest.mark.parametrize(
+    ("content", "wsu_kept"),
+    [
+        ('<a:X xmlns:c="urn:example:c"><a:v>c:Name</a:v></a:X>', False),  # c: used only in text
+        (f'<X xmlns="{H}"><Z xmlns=""><W/></Z></X>', True),  # an undeclaration lxml's cleanup would drop
+        (f'<a:X xmlns:xsi="{XSI}" xsi:type="wsu:Thing"/>', True),  # a QName using the Body's own wsu
+    ],
+    ids=["qname-text", "undeclared-default", "qname-uses-wsu"],
+)
+def test_removing_the_bodys_wsu_id_keeps_what_the_backend_reads(pki: Path, content: str, wsu_kept: bool) -> None:
+    """The signer's wsu:Id leaves the Body, and its declaration only when no value or default namespace could
+    need it: the backend reads every name and QName as the client sent them."""
+    route = make_route(pki, "rsa")
+    secured, _ = client_for(route, pki).secure(envelope(content, SOAP11))
+    outcome = SecuredPipeline(route).request(secured, {}, Exchange(route=route))
+    assert outcome.body is not None
+    forwarded = body_of(etree.fromstring(outcome.body))  # parsed again, as the backend does
+    sent = body_of(etree.fromstring(envelope(content, SOAP11)))
+    assert forwarded.get(q(WSU, "Id")) is None
+    assert ("wsu" in forwarded.nsmap) is wsu_kept
+    assert [e.tag for e in forwarded.iter()][1:] == [e.tag for e in sent.iter()][1:]
+    assert qnames(forwarded[0]) == [(t, v, WSU if v.startswith("wsu:") else u) for t, v, u in qnames(sent[0])]
