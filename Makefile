@@ -56,6 +56,7 @@ test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) lint
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports  # the layers and no import circle: [tool.importlinter] in pyproject.toml
 	cd $(FRAME) && cargo fmt --check
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo clippy -q --release --locked -- -D warnings
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -67,6 +68,9 @@ class Upstream(Strict):
 
 # Body bytes in flight one filter worker admits (filters/frame/src/budget.rs); `wsgate up --body-budget-mb`.
 DEFAULT_BODY_BUDGET_MB = 48
+# On SIGTERM a filter worker finishes its in-flight exchanges within this, new ones go to other workers; the
+# Kubernetes pods' grace period (gateway/control/kubernetes.py) allows for it.
+GRACE_SECONDS = 5.0
 
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # the largest body limit a policy may set
@@ -140,7 +144,7 @@ class EncryptionPolicy(Strict):
     encrypt_response: bool = False
     # CBC (for clients without GCM: Metro, older .NET) is off unless listed, and then taken only where it teaches
     # its sender nothing: a key from an EncryptedKey once, any other key under a signature over the ciphertext
-    # made with it (filters/wssecurity._check_cbc, docs/interop.md "CBC"); CBC is sent encrypt-then-sign.
+    # made with it (filters/engine/wss/wssecurity._check_cbc, docs/interop.md "CBC"); CBC is sent encrypt-then-sign.
     data_algorithms: list[DataAlgorithm] = ["aes256-gcm", "aes128-gcm"]
     key_transport: list[KeyTransport] = ["rsa-oaep-mgf1p", "rsa-oaep"]
     response_algorithm: DataAlgorithm = "aes256-gcm"
@@ -160,7 +164,7 @@ class EncryptionPolicy(Strict):
 
 
 class RevocationPolicy(Strict):
-    """Whether the signer's certificate and its intermediates are still in good standing (filters/revocation.py).
+    """Whether the signer's certificate and its intermediates are still in good standing (filters/stores/revocation.py).
 
     `crl`: CRL files (PEM or DER; reloaded when they change); `ocsp`: the responder in `ocsp_responder`, else the
     one in the certificate's Authority Information Access; `both`: either may revoke, one good answer suffices.
@@ -240,7 +244,7 @@ class ReplayPolicy(Strict):
 
 
 class Optimizations(Strict):
-    """Signature processing shortcuts (README "The papers' optimizations"; `python -m loadtest.optimizations`
+    """Signature processing shortcuts (docs/performance.md; `python -m loadtest.optimizations`
     measures each off and on). None decides acceptance: the SignatureValue is always checked over the message's
     own SignedInfo, and whatever the shortcuts cannot confirm goes to xmlsec's full verification.
 
@@ -277,7 +281,7 @@ class SecureConversationOptions(Strict):
 
 class WsdlPolicy(Strict):
     """The service's WSDL 1.1, a local file (its imports resolved from files in its directory only, never the
-    network: filters/wsdl.py). `publish`: served at the route's path with `?wsdl` (README "The published WSDL")."""
+    network: filters/engine/xml/wsdl.py). `publish`: served at the route's path with `?wsdl` (docs/interop.md)."""
 
     file: str
     publish: bool = False
@@ -285,7 +289,7 @@ class WsdlPolicy(Strict):
 
 class SchemaValidation(Strict):
     """Payloads (the Body's children) validated against the WSDL's types and `xsd_files`
-    (filters/schema_validation.py): requests after their security is processed, responses before they are
+    (filters/engine/xml/schema_validation.py): requests after their security is processed, responses before they are
     secured."""
 
     requests: bool = False
@@ -328,7 +332,7 @@ class Route(Strict):
 
     @property
     def detects_replays(self) -> bool:
-        """The WS-Security profiles remember signatures and nonces (filters/replay.py); `xml` has none."""
+        """The WS-Security profiles remember signatures and nonces (filters/engine/wss/replay.py); `xml` has none."""
         return self.touches_xml and self.profile != "xml"
 
     @property
@@ -392,7 +396,7 @@ class Edge(Strict):
     # every x-forwarded-* / forwarded header it sends is dropped, Envoy writes its own.
     xff_num_trusted_hops: int = Field(default=0, ge=0, le=10)
     # The gateway's URL as clients reach it (scheme, host, port; no path), written into published WSDLs. Never
-    # the request's Host header (the client chooses it). None: the listener's own address (README).
+    # the request's Host header (the client chooses it). None: the listener's own address (docs/interop.md).
     public_url: str | None = Field(default=None, pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 
 
@@ -486,7 +490,9 @@ def load_file(path: Path) -> PolicyFile:
         raise PolicyError(_describe(err, doc, path)) from None
 
 
-def load_dir(directory: Path | str) -> PolicySet:
+def load_dir(directory: Path | str, documents: Callable[[Route], list[str]] | None = None) -> PolicySet:
+    """`documents`: the errors of the files a route names (WSDL, XSD), as the control plane reads them
+    (gateway/control/documents.py); the model itself reads no document."""
     directory = Path(directory)
     files = sorted(p for p in directory.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
     if not files:
@@ -530,26 +536,8 @@ def load_dir(directory: Path | str) -> PolicySet:
             for r in routes
             if r.wsdl and r.wsdl.publish and r.https_only
         ]
-    errors += [f"{sources[r.name]}: route {r.name}: {e}" for r in routes for e in _document_errors(r)]
+    if documents is not None:
+        errors += [f"{sources[r.name]}: route {r.name}: {e}" for r in routes for e in documents(r)]
     if errors:
         raise PolicyError("\n".join(errors))
     return PolicySet(routes=routes, sources=sources, edge=edge)
-
-
-def _document_errors(route: Route) -> list[str]:
-    """The route's WSDL and XSDs read and its schema compiled, as the filter workers will: a reference to the
-    network or outside the file's directory, a DTD, a schema that does not compile is a policy error."""
-    from filters import schema_validation, wsdl  # the engine's modules; they do not import policies back
-
-    if route.wsdl is None and not route.schema_validation.enabled:
-        return []
-    field = "wsdl.file" if route.wsdl else "schema_validation.xsd_files"
-    try:
-        if route.schema_validation.enabled:
-            field = "schema_validation"
-            schema_validation.for_route(route)
-        elif route.wsdl:
-            wsdl.load(route.wsdl.file)
-    except wsdl.DocumentError as exc:
-        return [f"field {field}: {exc}"]
-    return []

@@ -1,10 +1,10 @@
 """`make bench`: the gateway's cost per profile and message size, in one run, on this machine.
 
-Brings the gateway up (gateway.supervisor.Gateway on free loopback ports, loadtest/policies/bench.yaml: one route
+Brings the gateway up (gateway.control.supervisor.Gateway on free loopback ports, loadtest/policies/bench.yaml: one route
 per profile, replay detection on every secured route), then for each profile and size measures
 
   - throughput at saturation: wrk (2 threads, 16 connections) POSTing pre-generated bodies through
-    loadtest/bench.lua. Secured bodies are made by gateway.client.Client beforehand (the gateway is idle then)
+    loadtest/bench.lua. Secured bodies are made by gateway.tools.client.Client beforehand (the gateway is idle then)
     and each is sent exactly once: the replay cache sees real, distinct traffic (secureconversation: in one
     context, established through the gateway before the first point). A thread that runs out of
     bodies stops rather than repeat one, and the point is measured again with more;
@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from certs import pki
-from filters import secure_conversation as sc
+from filters.engine.wss import secure_conversation as sc
+from gateway.control.supervisor import Gateway, Options, default_workers
 from gateway.policy import PolicySet, load_dir
-from gateway.supervisor import Gateway, Options, default_workers
 from loadtest import engine_cpu
 from loadtest.messages import (
     ENCRYPTED_KEY,
@@ -828,7 +828,7 @@ def report(points: list[Point], out: IO[str]) -> None:
 
 _DICTS = ("stages_ms", "paced_stages_ms", "extproc_ms", "faults", "envoy_problems", "notes")
 CSV_FIELDS = [f for f in Point.__dataclass_fields__ if f not in _DICTS]
-# Exclusive times (filters/metrics.py): security_header and secure are what is left of the header's processing
+# Exclusive times (filters/engine/metrics.py): security_header and secure are what is left of the header's processing
 # and building once the finer stages inside them are counted apart.
 STAGES = ("parse", "decrypt", "c14n", "digest", "signature_check", "replay", "security_header", "schema",
           "signature_creation", "encryption", "secure", "serialize")  # fmt: skip

@@ -22,9 +22,9 @@ import redis
 import yaml
 
 from certs import pki
-from gateway.client import Client, ClientConfig, Post, http_post
+from gateway.control.supervisor import REDIS_URL_ENV
 from gateway.policy import Route
-from gateway.supervisor import REDIS_URL_ENV
+from gateway.tools.client import Client, ClientConfig, Post, http_post
 from loadtest.bench import bench_gateway
 
 T = TypeVar("T")

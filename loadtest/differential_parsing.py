@@ -12,13 +12,13 @@ Decision: dropped, not built into the gateway (`python -m loadtest.optimizations
 - lxml's parser is C and fast: building a fresh tree by copying the template costs about as much as parsing the
   bytes again (deepcopy of a 1 MB tree ~1.3x lxml's parse of it), before a single change is applied; the
   cutting and comparing adds to that. Against lxml alone the prototype never wins.
-- It does beat the gateway's threat-protection parse (filters/threat_protection.py) on the 1 MB response: that
+- It does beat the gateway's threat-protection parse (filters/engine/xml/threat_protection.py) on the 1 MB response: that
   parse's per-element Python checks cost 3-11x lxml's parse. That cost is better removed where it is (limits
   checked without a Python callback per element), which helps every message, not only the ones that repeat.
 - A gateway must keep its threat checks exact on every byte; a second parser whose skipped parts are trusted
   because they matched earlier bytes is more attack surface for a gain the first point takes away.
 - Messages that repeat byte for byte (the same 1 MB query result) are better recognized whole, by a hash, as
-  response-side prehashing (van Engelen 2.4, filters/optimizations.py) does for the signed Body; measured, even
+  response-side prehashing (van Engelen 2.4, filters/engine/wss/optimizations.py) does for the signed Body; measured, even
   that saves little once canonicalization is direct."""
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from typing import TextIO
 
 from lxml import etree
 
-from filters import faults, xmlsupport
-from filters.threat_protection import Limits, parse_envelope
-from gateway import demo_backend
+from filters.engine import faults
+from filters.engine.xml import xmlsupport
+from filters.engine.xml.threat_protection import Limits, parse_envelope
 from gateway.policy import Limits as PolicyLimits
+from gateway.tools import demo_backend
 from loadtest.messages import SIZE_LABELS, Factory, plain_request
 
 # A variable part: text between two tags, or a double-quoted attribute value (both non-empty).

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TextIO
 
 from certs import pki
-from filters.engine import Exchange, build_pipeline
-from filters.profiles import SecuredPipeline
-from filters.replay import MemoryReplayCache
+from filters.engine.engine import Exchange, build_pipeline
+from filters.engine.profiles import SecuredPipeline
+from filters.stores.factory import RouteStores
+from filters.stores.replay import MemoryReplayCache
 from gateway.policy import PolicySet
 from loadtest.messages import PROFILES, SIZE_LABELS, SIZES, Factory
 from loadtest.optimizations import bench_policies, exchange
@@ -53,7 +54,7 @@ class EngineRow:
 
 def measure(profile: str, size: str, policies: PolicySet, certs: Path, count: int) -> EngineRow:
     route = policies.route(PROFILES[profile].route)
-    pl = build_pipeline(route)
+    pl = build_pipeline(route, RouteStores())
     assert isinstance(pl, SecuredPipeline), profile
     pl.credentials.replay = MemoryReplayCache(epoch_ms=0)  # in process: no Redis
     factory = Factory(profile, policies, certs=certs)

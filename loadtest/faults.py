@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.supervisor import Gateway
+from gateway.control.supervisor import Gateway
 
 DEMO = "urn:wsgate:demo"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
@@ -75,7 +75,7 @@ class Faults:
         time.sleep(BACKEND_DOWN_S)
         with self.lock:
             gw.backend = gw._spawn(
-                "backend", [sys.executable, "-m", "gateway.demo_backend", "--listen", gw.opts.backend]
+                "backend", [sys.executable, "-m", "gateway.tools.demo_backend", "--listen", gw.opts.backend]
             )
         return f"backend stopped {BACKEND_DOWN_S:g} s, started again"
 

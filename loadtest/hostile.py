@@ -22,12 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
-from filters import faults
-from filters.engine import Exchange, RoutePipeline, build_pipeline
-from filters.replay import MemoryReplayCache
-from gateway import demo_backend
-from gateway.client import Client, ClientConfig
+from filters.engine import faults
+from filters.engine.engine import Exchange, RoutePipeline, build_pipeline
+from filters.stores.factory import RouteStores
+from filters.stores.replay import MemoryReplayCache
 from gateway.policy import Limits, Route
+from gateway.tools import demo_backend
+from gateway.tools.client import Client, ClientConfig
 
 DEMO = "urn:wsgate:demo"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
@@ -166,7 +167,7 @@ Row = tuple[str, str, Cost, float]  # (route, shape, the gateway's cost, ratio t
 def rows(certs: Path, size: int, count: int) -> list[Row]:
     out = []
     for profile, route in routes(certs).items():
-        pipeline = build_pipeline(route)
+        pipeline = build_pipeline(route, RouteStores())
         if profile == "xml":
             secure: Callable[[bytes], bytes] = lambda body: body  # noqa: E731
         else:

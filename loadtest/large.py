@@ -29,10 +29,10 @@ import yaml
 from lxml import etree
 
 from certs import pki
-from filters import xmlsupport
-from gateway.client import Client, ClientConfig, Pending
+from filters.engine.xml import xmlsupport
+from gateway.control.supervisor import Gateway, Options
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, Route
-from gateway.supervisor import Gateway, Options
+from gateway.tools.client import Client, ClientConfig, Pending
 from loadtest.bench import bench_gateway
 
 MIB = 1024 * 1024

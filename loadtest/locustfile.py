@@ -14,7 +14,7 @@ Sizes, one task each, tagged: small (echo, ~1 KB request), large (echo, ~30 KB r
 rows, ~1 MB response). `--tags large huge` picks sizes; without tags, LOAD_SIZE (comma-separated, default
 "small") does.
 
-Secured requests come from gateway.client.Client, made ahead of time into a pool per profile and size (so
+Secured requests come from gateway.tools.client.Client, made ahead of time into a pool per profile and size (so
 sending is cheap) and topped up by a background greenlet. Each message is distinct (its own Timestamp, ids,
 nonce, signature) and sent once, so the gateway's replay cache sees real traffic. Every reply is checked: a
 secured one is verified and decrypted by Client.open, and the echoed texts (or the query's row count) must be

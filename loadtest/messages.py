@@ -1,7 +1,7 @@
-"""Load-test traffic: plain SOAP requests in three sizes, secured per profile by gateway.client.Client, and the
+"""Load-test traffic: plain SOAP requests in three sizes, secured per profile by gateway.tools.client.Client, and the
 check every response must pass. The Locust file and the benchmark both use it.
 
-Sizes (the demo backend's operations, gateway/demo_backend.py):
+Sizes (the demo backend's operations, gateway/tools/demo_backend.py):
 
     small  echo, ~1 KB plain request, the same back
     large  echo, ~30 KB plain request, the same back
@@ -21,10 +21,11 @@ from pathlib import Path
 from lxml import etree
 
 from certs import pki
-from filters import ns, xmlsupport
-from filters import secure_conversation as sc
-from gateway.client import Client, ClientConfig, ClientError, Pending, content_type, http_post
+from filters.engine import ns
+from filters.engine.wss import secure_conversation as sc
+from filters.engine.xml import xmlsupport
 from gateway.policy import PolicySet, Route, load_dir
+from gateway.tools.client import Client, ClientConfig, ClientError, Pending, content_type, http_post
 
 DEMO_NS = "urn:wsgate:demo"
 SIZES = ("small", "large", "huge")
@@ -46,7 +47,7 @@ class Profile:
     name: str
     route: str  # the route's name in the policies (policies/demo.yaml, loadtest/policies/bench.yaml)
     tls: bool = False  # over the HTTPS listener
-    secured: bool = False  # WS-Security: gateway.client.Client secures requests and opens replies
+    secured: bool = False  # WS-Security: gateway.tools.client.Client secures requests and opens replies
     username: bool = False  # with a UsernameToken
     context: bool = False  # WS-SecureConversation: messages in a context established first (Factory.establish)
 

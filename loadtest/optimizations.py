@@ -1,8 +1,8 @@
 """The papers' optimizations, each measured off and on: `python -m loadtest.optimizations`.
 
-In-process, no Envoy, no network: the gateway's real pipelines (filters.engine.build_pipeline on the benchmark
+In-process, no Envoy, no network: the gateway's real pipelines (filters.engine.engine.build_pipeline on the benchmark
 routes, loadtest/policies/bench.yaml) take secured requests from loadtest.messages.Factory (fresh Timestamp,
-ids, signature and nonce per message, as the load test sends), the demo backend answers (gateway.demo_backend:
+ids, signature and nonce per message, as the load test sends), the demo backend answers (gateway.tools.demo_backend:
 an echo of the request, or the same 1 MB query result every time), and the pipeline secures the answer.
 One exchange = request + response, CPU time of this process (time.process_time); the configurations take turns
 message by message (in a shuffled order) and each gets the median of its turns, so load from other processes
@@ -33,13 +33,16 @@ from typing import TextIO
 from lxml import etree
 
 from certs import pki
-from filters import c14n, ns, signature, xmlsupport
-from filters.engine import Exchange, build_pipeline
-from filters.profiles import SecuredPipeline
-from filters.replay import MemoryReplayCache
-from filters.threat_protection import parse_envelope
-from gateway import demo_backend
+from filters.engine import ns
+from filters.engine.engine import Exchange, build_pipeline
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import signature
+from filters.engine.xml import c14n, xmlsupport
+from filters.engine.xml.threat_protection import parse_envelope
+from filters.stores.factory import RouteStores
+from filters.stores.replay import MemoryReplayCache
 from gateway.policy import PolicySet, Route, load_dir
+from gateway.tools import demo_backend
 from loadtest import differential_parsing
 from loadtest.messages import SIZE_LABELS, SIZES, Factory, plain_request
 
@@ -94,7 +97,7 @@ def backend(body: bytes) -> bytes:
 
 def pipeline_for(route: Route, **switches: bool) -> SecuredPipeline:
     opts = route.optimizations.model_copy(update=switches)
-    pl = build_pipeline(route.model_copy(update={"optimizations": opts}))
+    pl = build_pipeline(route.model_copy(update={"optimizations": opts}), RouteStores())
     assert isinstance(pl, SecuredPipeline)
     pl.credentials.replay = MemoryReplayCache(epoch_ms=0)  # its own, so every configuration gets the same messages
     return pl

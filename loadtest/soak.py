@@ -3,7 +3,7 @@
 It starts its own gateway (the default workers, the supervisor's private Redis, the demo backend; the policies of
 `make bench`), finds saturation with a short closed-loop ramp, then drives `--share` of it (default 60%) for
 `--duration` seconds from a pool of threads, every profile in turn; every reply is opened with the project's
-client (gateway.client: signatures verified, decrypted) and compared with what was sent. Faults strike at random
+client (gateway.tools.client: signatures verified, decrypted) and compared with what was sent. Faults strike at random
 moments, seeded (`--seed`, printed): loadtest/faults.py.
 
 Every request is counted once, per second and in total:
@@ -42,7 +42,7 @@ import requests
 from lxml import etree
 
 from certs import pki
-from gateway.supervisor import Gateway, _rss_mb, default_workers
+from gateway.control.supervisor import Gateway, _rss_mb, default_workers
 from loadtest import faults
 from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _table, bench_gateway, percentile
 from loadtest.messages import PROFILES, CheckFailed, Factory, Message

@@ -1,6 +1,6 @@
 """Does a UsernameToken check take the same time whoever it names? `python -m loadtest.username_timing [N]`
 
-Times the gateway's own check (filters.username_token.verify, no throttle, no cache) N times per case on a fresh
+Times the gateway's own check (filters.engine.wss.username_token.verify, no throttle, no cache) N times per case on a fresh
 demo PKI and prints the median, min and max: hashed, stored-password and unknown users must not be told apart."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from lxml import etree
 
 from certs import pki
-from filters import faults
-from filters.username_token import Users, create, verify
+from filters.engine import faults
+from filters.engine.wss.username_token import Users, create, verify
 from gateway.policy import UsernameTokenPolicy
 
 CASES = {

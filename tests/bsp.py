@@ -2,7 +2,7 @@
 
 One function per rule, named by its id, its docstring the rule's text (as WSS4J's BSPRule enum words it). Each
 takes the parsed message and returns the violations it found. `violations(message)` runs them all; which rules
-are here and which are left out (with the reason) is in the README's BSP section.
+are here and which are left out (with the reason) is in docs/interop.md's BSP section.
 
 What the checker sees is the message on the wire: an encrypted part's rules are checked on its EncryptedData,
 and a Signature sent encrypted is checked on the same message sent with its Signature in the clear (the
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from cryptography import x509
 from lxml import etree
 
-from filters import ns
-from filters import secure_conversation as sc
+from filters.engine import ns
+from filters.engine.wss import secure_conversation as sc
 
 WSSE, WSU, DS, XENC = ns.WSSE, ns.WSU, ns.DS, ns.XENC
 SECURITY = ns.q(WSSE, "Security")

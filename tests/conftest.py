@@ -37,6 +37,6 @@ def client_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]
             def now(cls, tz: Any = None) -> Any:
                 return datetime.now(tz) + delta
 
-        monkeypatch.setattr("gateway.client.datetime", Shifted)
+        monkeypatch.setattr("gateway.tools.client.datetime", Shifted)
 
     return shift

@@ -16,8 +16,8 @@ import requests
 import yaml
 from lxml import etree
 
-from filters import replay
-from gateway.supervisor import Gateway, Options, free_ports
+from filters.stores import replay
+from gateway.control.supervisor import Gateway, Options, free_ports
 
 
 def write_policies(directory: Path, routes: list[dict], edge: dict | None = None) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from filters import faults
-from filters.auth_throttle import MemoryFailureThrottle, RedisFailureThrottle
+from filters.engine import faults
+from filters.stores.auth_throttle import MemoryFailureThrottle, RedisFailureThrottle
 
 
 def test_failures_within_the_window_block_then_the_window_closes() -> None:

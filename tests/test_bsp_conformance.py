@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from filters import ns
-from filters import secure_conversation as sc
-from gateway.client import Client, ClientConfig, ClientError, Post, http_post
+from filters.engine import ns
+from filters.engine.wss import secure_conversation as sc
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig, ClientError, Post, http_post
 from tests import bsp
 from tests.harness import running_gateway
 from tests.wss_helpers import DEMO, echo, route_doc

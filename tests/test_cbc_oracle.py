@@ -2,7 +2,7 @@
 padding and parse oracle of "How to Break XML Encryption" (Jager and Somorovsky 2011): a key from an EncryptedKey
 decrypts CBC in one message only, claimed before any byte is decrypted; any other key (pre-shared, derived from a
 context) only under a signature that covers the ciphertext, made with that key and verified first
-(filters/wssecurity._check_cbc, docs/interop.md "CBC"). The oracle's queries are copies of a genuine message with
+(filters/engine/wss/wssecurity._check_cbc, docs/interop.md "CBC"). The oracle's queries are copies of a genuine message with
 its ciphertext changed: every one must be refused unopened, with the one generic fault."""
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from filters import encryption, faults, ns, wssecurity
-from filters.profiles import SecuredPipeline
-from filters.replay import DeferredRedisReplay
-from gateway.client import Client
+from filters.engine import faults, ns
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import encryption, wssecurity
+from filters.stores.factory import RouteStores
+from filters.stores.replay import DeferredRedisReplay
+from gateway.tools.client import Client
 from tests.test_wssecurity import ENCRYPTED_DATA, REFERENCE_LIST, SOAP11, accept, mutate, parts, refuse
 from tests.wss_helpers import client_for, echo, make_route
 
@@ -29,7 +31,7 @@ SIGNATURE = ns.q(ns.DS, "Signature")
 
 def _pipeline_and_client(pki: Path, profile: str, **client: Any) -> tuple[SecuredPipeline, Client]:
     route = make_route(pki, profile, encryption=CBC)
-    return SecuredPipeline(route), client_for(route, pki, **client)
+    return SecuredPipeline(route, RouteStores()), client_for(route, pki, **client)
 
 
 def _body_cipher(root: etree._Element) -> etree._Element:
@@ -142,7 +144,7 @@ def test_cbc_key_is_claimed_before_decryption_where_the_replay_store_defers(pki:
     """With Redis the engine leaves a message's replay keys to the frame, after its verdict; a CBC key is claimed at
     once all the same, so a changed copy is refused before it is decrypted, not after (one worker or many)."""
     route = make_route(pki, "rsa", encryption=CBC, replay={"store": "redis", "redis_url": redis_server})
-    first, second = SecuredPipeline(route, defer_replay=True), SecuredPipeline(route, defer_replay=True)
+    first, second = (SecuredPipeline(route, RouteStores(defer_replay=True)) for _ in range(2))
     assert isinstance(first.credentials.replay, DeferredRedisReplay)
     secured, _ = client_for(route, pki).secure(echo("genuine"))
     accept(first, secured)  # its deferred keys not even settled: the CBC key already is

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from certs import pki
-from gateway import envoy_config
+from gateway.control import envoy_config
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"

@@ -18,11 +18,12 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
-from filters import encryption as enc
-from filters.engine import Exchange
-from filters.faults import Fault
-from filters.ns import SOAP11, SOAP12, WSU, XENC, q
-from filters.profiles import SecuredPipeline
+from filters.engine.faults import Fault
+from filters.engine.ns import SOAP11, SOAP12, WSU, XENC, q
+from filters.engine.pipeline import Exchange
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import encryption as enc
+from filters.stores.factory import RouteStores
 from gateway.policy import Limits
 from tests.wss_helpers import client_for, make_route
 
@@ -124,7 +125,7 @@ def test_signed_then_encrypted_content_with_its_own_prefixes_verifies(pki: Path,
     secured, _ = client.secure(plain)
     assert b"CipherValue" in secured and content.split(">")[0].encode() not in secured
     ex = Exchange(route=route)
-    outcome = SecuredPipeline(route).request(secured, {}, ex)
+    outcome = SecuredPipeline(route, RouteStores()).request(secured, {}, ex)
     assert outcome.body is not None and ex.security is not None
     forwarded = body_of(etree.fromstring(outcome.body))
     sent = body_of(etree.fromstring(plain))
@@ -242,7 +243,7 @@ def test_removing_the_bodys_wsu_id_keeps_what_the_backend_reads(pki: Path, conte
     need it: the backend reads every name and QName as the client sent them."""
     route = make_route(pki, "rsa")
     secured, _ = client_for(route, pki).secure(envelope(content, SOAP11))
-    outcome = SecuredPipeline(route).request(secured, {}, Exchange(route=route))
+    outcome = SecuredPipeline(route, RouteStores()).request(secured, {}, Exchange(route=route))
     assert outcome.body is not None
     forwarded = body_of(etree.fromstring(outcome.body))  # parsed again, as the backend does
     sent = body_of(etree.fromstring(envelope(content, SOAP11)))

@@ -16,7 +16,7 @@ import pytest
 import requests
 from lxml import etree
 
-from gateway import demo_backend
+from gateway.tools import demo_backend
 
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
 SOAP12 = "http://www.w3.org/2003/05/soap-envelope"
@@ -409,7 +409,7 @@ def test_module_runs_as_a_command() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
-    command = [sys.executable, "-m", "gateway.demo_backend", "--listen", f"127.0.0.1:{free}"]
+    command = [sys.executable, "-m", "gateway.tools.demo_backend", "--listen", f"127.0.0.1:{free}"]
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
         try:
             deadline = time.monotonic() + 15

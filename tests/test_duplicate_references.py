@@ -18,8 +18,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 from lxml import etree
 
-from filters import faults, ns, threat_protection
-from filters.soap import Envelope
+from filters.engine import faults, ns
+from filters.engine.xml import threat_protection
+from filters.engine.xml.soap import Envelope
 from gateway.policy import SignaturePolicy
 from tests.test_signature import (
     LIMITS,

@@ -25,10 +25,10 @@ import pytest
 import requests
 from lxml import etree
 
-from filters import secure_conversation as sc
-from filters import ws_trust
-from gateway.client import Client, ClientConfig
-from gateway.supervisor import Gateway
+from filters.engine.conversation import ws_trust
+from filters.engine.wss import secure_conversation as sc
+from gateway.control.supervisor import Gateway
+from gateway.tools.client import Client, ClientConfig
 from tests.harness import clear, envelope, received, running_gateway
 from tests.wss_helpers import DEMO, echo, make_route, route_doc
 

@@ -28,9 +28,9 @@ from cryptography.hazmat.primitives.asymmetric import padding
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
-from filters import ns
-from gateway.client import Client, ClientConfig, Pending, content_type
+from filters.engine import ns
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig, Pending, content_type
 from tests.harness import clear, fault_code, received, running_gateway
 from tests.test_interop import EXC_C14N, RSA_SHA256, SHA256, pem_base64, wss_time
 from tests.wss_helpers import DEMO, route_doc

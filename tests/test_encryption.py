@@ -21,10 +21,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
-from filters import encryption as enc
-from filters import faults
-from filters.faults import Fault
-from filters.ns import DS, SOAP11, WSSE, XENC, XENC11, q
+from filters.engine import faults
+from filters.engine.faults import Fault
+from filters.engine.ns import DS, SOAP11, WSSE, XENC, XENC11, q
+from filters.engine.wss import encryption as enc
 from gateway.policy import Limits
 
 LIMITS = Limits()

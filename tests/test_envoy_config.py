@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway import envoy_config
+from gateway.control import envoy_config
 from gateway.policy import load_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def test_each_xml_route_buffers_up_to_its_own_limit() -> None:
 
 
 def test_render_cli_prints_all_files() -> None:
-    run = subprocess.run([sys.executable, "-m", "gateway.cli", "render", "--policies", str(REPO / "policies")],
+    run = subprocess.run([sys.executable, "-m", "gateway.control.cli", "render", "--policies", str(REPO / "policies")],
                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert run.returncode == 0, run.stderr
     for name in ("envoy.yaml", "lds.yaml", "cds.yaml"):

@@ -23,10 +23,11 @@ from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from filters import faults, server
-from filters.pipeline import Exchange, Outcome, RoutePipeline
-from filters.server import MAX_MESSAGE_BYTES, REFUSALS
-from gateway.supervisor import free_ports
+from filters.engine import faults
+from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
+from filters.worker import MAX_MESSAGE_BYTES, REFUSALS
+from filters.worker import Worker as FilterWorker
+from gateway.control.supervisor import free_ports
 from tests.harness import content_type, envelope, write_policies
 
 LIMIT = 600_000  # two bodies of this size do not fit the workers' 1 MiB budget
@@ -37,7 +38,7 @@ ECHO = envelope("<echo>hello</echo>")
 
 
 class Worker:
-    """`python -m filters.server` as the supervisor starts it, or `script` (given the address and the ready file)."""
+    """`python -m filters.worker` as the supervisor starts it, or `script` (given the address and the ready file)."""
 
     def __init__(self, tmp: Path, script: str | None = None) -> None:
         self.port, self.metrics_port = free_ports(2)
@@ -46,7 +47,7 @@ class Worker:
         ready.unlink(missing_ok=True)
         self.log = tmp / "worker.log"
         listen = f"127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "filters.server", "--policies", str(self.policies), "--listen", listen,
+        argv = [sys.executable, "-m", "filters.worker", "--policies", str(self.policies), "--listen", listen,
                 "--metrics-port", str(self.metrics_port), "--ready-file", str(ready), "--body-budget-mb", "1"]  # fmt: skip
         if script is not None:
             argv = [sys.executable, "-c", script, listen, str(ready)]
@@ -260,7 +261,7 @@ def test_sigterm_lets_the_exchange_in_flight_finish(tmp_path: Path) -> None:
 BROKEN_WORKER = """
 import sys
 import wsgate_frame
-from filters.server import FAULT_TABLE
+from filters.worker import FAULT_TABLE
 
 class Broken:
     calls = 0
@@ -294,7 +295,7 @@ def test_a_failing_call_into_python_is_a_generic_fault_and_the_worker_lives_on(t
 def test_an_engine_bug_is_a_generic_fault_with_the_traceback_only_in_the_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    w = server.Worker(write_policies(tmp_path, ROUTES), 1 << 20)
+    w = FilterWorker(write_policies(tmp_path, ROUTES), 1 << 20)
 
     class Buggy(RoutePipeline):
         def request(self, body: bytes, headers: Mapping[str, str], ex: Exchange) -> Outcome:

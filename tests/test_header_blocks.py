@@ -1,4 +1,4 @@
-"""filters.header_blocks: header blocks the signature does not cover, and SOAPAction against a signed
+"""filters.engine.xml.header_blocks: header blocks the signature does not cover, and SOAPAction against a signed
 wsa:Action. End to end in tests/test_signed_content_threats.py."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from filters import faults, header_blocks, ns
-from filters.soap import Envelope
-from filters.threat_protection import parse_envelope
+from filters.engine import faults, ns
+from filters.engine.xml import header_blocks
+from filters.engine.xml.soap import Envelope
+from filters.engine.xml.threat_protection import parse_envelope
 from gateway.policy import Limits, UnsignedHeaders
 
 WSA_2004 = "http://schemas.xmlsoap.org/ws/2004/08/addressing"

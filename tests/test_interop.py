@@ -31,9 +31,10 @@ from cryptography.hazmat.primitives import serialization
 from lxml import etree
 
 from certs.pki import DEMO_USERS
-from filters import ns
-from filters.engine import Exchange
-from filters.profiles import SecuredPipeline
+from filters.engine import ns
+from filters.engine.engine import Exchange
+from filters.engine.profiles import SecuredPipeline
+from filters.stores.factory import RouteStores
 from gateway.policy import Route
 from tests.harness import running_gateway
 from tests.wss_helpers import DEMO, client_for, echo, echo_response, make_route, route_doc
@@ -149,7 +150,7 @@ def wss_time(when: datetime) -> str:
 
 def engine_response(pki: Path, route: Route, text: str, version: str = "1.1") -> bytes:
     """A response our gateway engine signed: a client request through SecuredPipeline, the backend's echo back."""
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     secured, _ = client_for(route, pki).secure(echo(text, version))
     ex = Exchange(route=route)
     plain = pipeline.request(secured, {}, ex).body
@@ -278,7 +279,7 @@ def test_zeep_signed_envelope_accepted_by_engine(need_zeep: None, pki: Path) -> 
         envelope, _ = wsse.apply(envelope, {})
     assert_zeep_signature(envelope, RSA_SHA256, SHA256)
 
-    out = SecuredPipeline(route).request(etree.tostring(envelope), {}, Exchange(route=route))
+    out = SecuredPipeline(route, RouteStores()).request(etree.tostring(envelope), {}, Exchange(route=route))
 
     assert out.body is not None
     assert_plain_soap(out.body, "zeep")
@@ -439,7 +440,7 @@ def test_xmlsec1_signed_request_accepted_by_engine(pki: Path, tmp_path: Path) ->
     route = make_route(pki, "rsa")
     signed = xmlsec1_signed_request(pki, tmp_path, "signed by xmlsec1")
 
-    out = SecuredPipeline(route).request(signed, {}, Exchange(route=route))
+    out = SecuredPipeline(route, RouteStores()).request(signed, {}, Exchange(route=route))
 
     assert out.body is not None
     assert_plain_soap(out.body, "signed by xmlsec1")
@@ -595,7 +596,7 @@ def test_wss4j_layout_accepted_by_engine(pki: Path, version: str) -> None:
     route = make_route(pki, "rsa")
     request = wss4j_request(pki, "hello from a WSS4J-shaped client", version)
 
-    out = SecuredPipeline(route).request(request, {}, Exchange(route=route))
+    out = SecuredPipeline(route, RouteStores()).request(request, {}, Exchange(route=route))
 
     assert out.body is not None
     root = assert_plain_soap(out.body, "hello from a WSS4J-shaped client")

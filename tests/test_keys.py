@@ -1,4 +1,4 @@
-"""filters.keys: PEM loading, the trust store, BinarySecurityToken and SecurityTokenReference forms."""
+"""filters.engine.wss.keys: PEM loading, the trust store, BinarySecurityToken and SecurityTokenReference forms."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from cryptography.x509.oid import NameOID
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters import faults, keys, ns
+from filters.engine import faults, ns
+from filters.engine.wss import keys
 
 NOW = dt.datetime.now(dt.UTC)
 NSDECL = f'xmlns:ds="{ns.DS}" xmlns:wsse="{ns.WSSE}" xmlns:wsu="{ns.WSU}" xmlns:wsse11="{ns.WSSE11}"'

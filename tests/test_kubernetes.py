@@ -27,11 +27,10 @@ import pytest
 import requests
 import yaml
 
-from filters.server import GRACE_SECONDS
-from gateway import envoy_config, kubernetes
-from gateway.cli import build_parser
-from gateway.policy import PolicyError, load_dir
-from gateway.supervisor import free_ports
+from gateway.control import envoy_config, kubernetes
+from gateway.control.cli import build_parser
+from gateway.control.supervisor import free_ports
+from gateway.policy import GRACE_SECONDS, PolicyError, load_dir
 from tests.harness import write_policies
 from tests.test_envoy_config import TOPO, assert_envoy_accepts, routes_of
 
@@ -54,7 +53,7 @@ def render(out: Path, *flags: str, policies: Path = REPO / "policies") -> dict[s
 
 
 def with_keys(out: Path, pki: Path) -> None:
-    """What the README tells the operator: copy the files keys/.gitignore lists from certs/out into keys/."""
+    """What docs/operations.md tells the operator: copy the files keys/.gitignore lists from certs/out into keys/."""
     wanted = (out / "keys" / ".gitignore").read_text().splitlines()[0].split(": ", 1)[1].split()
     for name in wanted:
         shutil.copy(pki / name, out / "keys" / name)

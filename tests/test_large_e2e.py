@@ -16,9 +16,9 @@ import pytest
 import requests
 from lxml import etree
 
-from gateway.client import Client, ClientConfig
+from gateway.control.supervisor import Gateway, Options
 from gateway.policy import PolicyError, Route
-from gateway.supervisor import Gateway, Options
+from gateway.tools.client import Client, ClientConfig
 from loadtest.large import echo
 from tests.harness import content_type, envelope, running_gateway, write_policies
 from tests.wss_helpers import DEMO, echo_response, route_doc

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from filters import faults, metrics
+from filters.engine import faults, metrics
 from gateway.policy import Route
 
 

@@ -25,7 +25,7 @@ import requests
 from lxml import etree
 
 from certs.pki import DEMO_USERS
-from filters import ns
+from filters.engine import ns
 from tests.harness import clear, received, running_gateway
 from tests.metro import Metro, MetroError
 from tests.recording_proxy import Exchange, RecordingProxy

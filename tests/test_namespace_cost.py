@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from filters import c14n, faults
-from filters.engine import build_pipeline
-from filters.replay import MemoryReplayCache
-from gateway.client import Client, ClientConfig
+from filters.engine import faults
+from filters.engine.engine import build_pipeline
+from filters.engine.xml import c14n
+from filters.stores.factory import RouteStores
+from filters.stores.replay import MemoryReplayCache
+from gateway.tools.client import Client, ClientConfig
 from loadtest import hostile
 
 
@@ -79,7 +81,7 @@ def test_a_long_prefix_list_never_reaches_libxml2s_per_element_lookups(monkeypat
 @pytest.fixture(scope="module")
 def hmac_route(pki: Path):  # type: ignore[no-untyped-def]
     route = hostile.routes(pki)["hmac"]
-    pipeline = build_pipeline(route)
+    pipeline = build_pipeline(route, RouteStores())
     pipeline.credentials.replay = MemoryReplayCache()  # type: ignore[attr-defined]
     attacker = Client(route.model_copy(update={"limits": hostile.LIFTED, "response_limits": hostile.LIFTED}),
                       ClientConfig(certs=pki))  # fmt: skip
@@ -87,7 +89,7 @@ def hmac_route(pki: Path):  # type: ignore[no-untyped-def]
 
 
 def _request(hmac_route, body: bytes) -> None:  # type: ignore[no-untyped-def]
-    from filters.engine import Exchange
+    from filters.engine.engine import Exchange
 
     pipeline, _ = hmac_route
     pipeline.request(body, {}, Exchange(route=pipeline.route))

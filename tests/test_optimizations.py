@@ -32,16 +32,19 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from lxml import etree
 from pydantic import ValidationError
 
-from filters import c14n, faults, keys, metrics, ns, signature, wssecurity
-from filters import wssecurity_sending as sending
-from filters.digest_cache import DigestCache
-from filters.engine import Exchange
-from filters.optimizations import Optimizations
-from filters.profiles import SecureConversationPipeline, SecuredPipeline
-from filters.soap import Envelope
-from filters.threat_protection import parse_envelope
-from gateway.client import Client, ClientConfig
+from filters.engine import faults, metrics, ns
+from filters.engine.engine import Exchange
+from filters.engine.profiles import SecureConversationPipeline, SecuredPipeline
+from filters.engine.wss import keys, signature, wssecurity
+from filters.engine.wss import wssecurity_sending as sending
+from filters.engine.wss.digest_cache import DigestCache
+from filters.engine.wss.optimizations import Optimizations
+from filters.engine.xml import c14n
+from filters.engine.xml.soap import Envelope
+from filters.engine.xml.threat_protection import parse_envelope
+from filters.stores.factory import RouteStores
 from gateway.policy import Limits, Route, SignaturePolicy
+from gateway.tools.client import Client, ClientConfig
 from loadtest.optimizations import canonical_sender
 from tests.wss_helpers import DEMO, client_for, echo, echo_response, make_route, round_trip, route_doc
 
@@ -69,7 +72,7 @@ def repeated(text: str = "pay 10") -> bytes:
 
 
 def pipeline(pki: Path, profile: str, config: str, **extra: Any) -> SecuredPipeline:
-    return SecuredPipeline(make_route(pki, profile, optimizations=CONFIGS[config], **extra))
+    return SecuredPipeline(make_route(pki, profile, optimizations=CONFIGS[config], **extra), RouteStores())
 
 
 def accept(pl: SecuredPipeline, data: bytes) -> bytes:
@@ -283,7 +286,7 @@ def test_every_profile_is_verified_and_signed_directly(pki: Path, case: str) -> 
         extra = {**extra, "username_token": {**extra["username_token"], "users_file": str(pki / "users.yaml")}}
     profile = "rsa" if case.startswith("rsa") else "hmac"
     route = make_route(pki, profile, optimizations=ALL_ON, **extra)
-    pl = SecuredPipeline(route)
+    pl = SecuredPipeline(route, RouteStores())
     client = client_for(route, pki, **cfg)
     for _ in range(3):
         _, opened = round_trip(pl, client, echo("direct"))
@@ -298,7 +301,7 @@ def test_secure_conversation_messages_verified_directly(pki: Path) -> None:
                     encryption={"encrypt_response": True})  # fmt: skip
     doc["upstream"] = {"address": "127.0.0.1:1"}
     route = Route.model_validate(doc)
-    pl = SecureConversationPipeline(route)
+    pl = SecureConversationPipeline(route, RouteStores())
     client = Client(route, ClientConfig(certs=pki))
 
     def post(body: bytes, content_type: str) -> bytes:

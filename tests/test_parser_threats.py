@@ -15,11 +15,14 @@ import requests
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
-from filters import c14n, charset, encryption, faults, ns, threat_protection, xmlsupport
-from filters.engine import Exchange, RoutePipeline, build_pipeline
-from gateway import demo_backend
-from gateway.client import Client, ClientConfig, ClientError
+from filters.engine import faults, ns
+from filters.engine.engine import Exchange, RoutePipeline, build_pipeline
+from filters.engine.wss import encryption
+from filters.engine.xml import c14n, charset, threat_protection, xmlsupport
+from filters.stores.factory import RouteStores
 from gateway.policy import Limits, Route
+from gateway.tools import demo_backend
+from gateway.tools.client import Client, ClientConfig, ClientError
 from loadtest import messages
 from tests.fifo_probe import DECLARES_DTD, FifoProbe, encodings, fifo_probe, hostile_documents
 from tests.harness import running_gateway
@@ -102,7 +105,7 @@ def _route(pki: Path, profile: str) -> Route:
 def test_no_parse_path_opens_a_file_and_a_dtd_is_refused_on_each(
     probe: FifoProbe, pki: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pipelines = {p: build_pipeline(_route(pki, p)) for p in ("xml", "hmac", "rsa", "secureconversation")}
+    pipelines = {p: build_pipeline(_route(pki, p), RouteStores()) for p in ("xml", "hmac", "rsa", "secureconversation")}
     client = Client(_route(pki, "hmac"), ClientConfig(certs=pki))
     strategies: set[str] = set()
     whole, incremental = threat_protection._parse_whole, threat_protection._parse_incremental

@@ -99,11 +99,13 @@ def test_environment_default_is_used(tmp_path: Path) -> None:
 
 def test_wsgate_check_cli(tmp_path: Path) -> None:
     bad = write(tmp_path, "orders.yaml", GOOD.replace("profile: xml", "profile: saml"))
-    run = subprocess.run([sys.executable, "-m", "gateway.cli", "check", str(bad)], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway.control.cli", "check", str(bad)], capture_output=True, text=True
+    )
     assert run.returncode == 1
     assert "route orders: field profile" in run.stderr
     run = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check", str(REPO / "policies")], capture_output=True, text=True
+        [sys.executable, "-m", "gateway.control.cli", "check", str(REPO / "policies")], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr
     assert "ok  xml" in run.stdout

@@ -15,9 +15,10 @@ import pytest
 import requests
 from lxml import etree
 
-from filters import keys, ns
-from gateway.client import Client, ClientConfig, content_type
+from filters.engine import ns
+from filters.engine.wss import keys
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig, content_type
 from tests.harness import clear, fault_code, received, running_gateway
 from tests.wss_helpers import DEMO, echo, route_doc
 

@@ -1,4 +1,4 @@
-"""The WS-SecurityPolicy a route publishes (gateway/published_policy.py) promises what the route takes, in the forms
+"""The WS-SecurityPolicy a route publishes (gateway/control/published_policy.py) promises what the route takes, in the forms
 the major stacks read; `wsgate check` names what it cannot say; and `wsgate import` of the gateway's own published
 WSDL gives back a route that publishes the same policy (the round trip)."""
 
@@ -13,10 +13,10 @@ import pytest
 import yaml
 from lxml import etree
 
-from filters import ns
-from gateway import published_policy
+from filters.engine import ns
+from gateway.control import published_policy
 from gateway.policy import Route
-from gateway.wsdl_import import import_wsdl
+from gateway.tools.wsdl_import import import_wsdl
 from tests.wss_helpers import make_route
 
 DEMO_WSDL = Path(__file__).parent / "interop" / "demo.wsdl"
@@ -124,7 +124,9 @@ def test_wsgate_check_prints_the_gaps_of_published_routes(pki: Path, tmp_path: P
     doc = route(pki, "rsa-gcm").model_dump(mode="json", exclude_none=True)
     doc["wsdl"] = {"file": str(DEMO_WSDL), "publish": True}
     (tmp_path / "routes.yaml").write_text(yaml.safe_dump({"routes": [doc]}))
-    run = subprocess.run([sys.executable, "-m", "gateway.cli", "check", str(tmp_path)], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway.control.cli", "check", str(tmp_path)], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith("ok  rsa-gcm")

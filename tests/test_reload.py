@@ -18,9 +18,9 @@ from typing import Any
 import requests
 import yaml
 
-from filters.server import Worker
-from gateway import envoy_config
-from gateway.supervisor import Gateway
+from filters.worker import Worker
+from gateway.control import envoy_config
+from gateway.control.supervisor import Gateway
 from tests.harness import LoopbackHttp, content_type, envelope, running_gateway
 
 DEMO = "urn:wsgate:demo"

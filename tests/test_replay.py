@@ -9,15 +9,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from filters import faults, replay
-from filters.replay import (
-    DeferredKey,
-    DeferredRedisReplay,
-    MemoryReplayCache,
-    RedisReplayCache,
-    first_sight,
-    from_url,
-)
+from filters.engine import faults
+from filters.engine.wss.replay import DeferredKey, first_sight
+from filters.stores import replay
+from filters.stores.replay import DeferredRedisReplay, MemoryReplayCache, RedisReplayCache, from_url
 from tests.harness import free_ports, start_redis, stop
 
 FRESH = 2**62  # a message newer than any epoch: these tests are about its keys

@@ -1,5 +1,5 @@
 """Fail closed across a store's loss of memory, through the running gateway: the supervisor's Redis (no
-persistence) killed and restarted must not reopen the replay window (filters/replay.py: the replay epoch), nor let
+persistence) killed and restarted must not reopen the replay window (filters/engine/wss/replay.py: the replay epoch), nor let
 a cancelled SecureConversation context back in."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.client import Client, ClientConfig, ClientError
+from gateway.tools.client import Client, ClientConfig, ClientError
 from tests.harness import clear, fault_code, received, running_gateway
 from tests.test_secure_conversation_e2e import call, client_of, sc_route
 from tests.test_wssecurity_e2e import route_of, send

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from gateway.client import Client, ClientConfig, http_post
+from gateway.tools.client import Client, ClientConfig, http_post
 from tests.harness import running_gateway
 from tests.test_wssecurity_e2e import clear, fault_code, received, route_of, send
 from tests.wss_helpers import echo, route_doc

@@ -19,10 +19,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509 import ocsp
 
 from certs import pki as pki_mod
-from filters import keys
-from gateway.client import Client, ClientConfig, ClientError, http_post
+from filters.engine.wss import keys
+from gateway.control.supervisor import Gateway, free_ports
 from gateway.policy import Route
-from gateway.supervisor import Gateway, free_ports
+from gateway.tools.client import Client, ClientConfig, ClientError, http_post
 from tests.harness import LoopbackHttp, fault_code, running_gateway
 from tests.wss_helpers import echo, route_doc
 
@@ -427,7 +427,7 @@ def test_a_revocation_policy_that_cannot_work_is_refused(pki: Path, revocation: 
 
 
 def test_wsgate_certs_revoke_publishes_the_crl_and_the_openssl_index(tmp_path: Path) -> None:
-    from gateway import cli
+    from gateway.control import cli
 
     out = pki_mod.init(tmp_path / "pki")
     client_cert = keys.load_certificate(out / "client.pem")

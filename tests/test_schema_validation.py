@@ -13,9 +13,12 @@ import requests
 from lxml import etree
 from prometheus_client import REGISTRY
 
-from filters import faults, ns, schema_validation, wsdl
-from filters.engine import Exchange, build_pipeline
-from gateway.policy import PolicyError, Route, load_dir
+from filters.engine import faults, ns
+from filters.engine.engine import Exchange, build_pipeline
+from filters.engine.xml import schema_validation, wsdl
+from filters.stores.factory import RouteStores
+from gateway.control.documents import load_checked
+from gateway.policy import PolicyError, Route
 from tests.harness import LoopbackHttp, content_type, envelope, received, running_gateway, write_policies
 from tests.wss_helpers import DEMO, client_for, echo, route_doc
 
@@ -171,7 +174,7 @@ def test_signed_request_with_body_wsu_id_passes_the_pipeline(pki: Path) -> None:
     route = make(pki)
     secured, _ = client_for(route, pki).secure(echo("signed"))
     assert ns.WSU.encode() in secured
-    out = build_pipeline(route).request(secured, {}, Exchange(route=route))
+    out = build_pipeline(route, RouteStores()).request(secured, {}, Exchange(route=route))
     assert out.body is not None and b"signed" in out.body
 
 
@@ -180,7 +183,7 @@ def test_schema_refusal_counted_as_schema_and_timed_as_a_stage(pki: Path) -> Non
         {"name": "staged", "match": {"path_prefix": "/s/"}, "upstream": {"address": "127.0.0.1:1"},
          "profile": "xml", "wsdl": {"file": ECHO_WSDL}, "schema_validation": BOTH}
     )  # fmt: skip
-    pipeline = build_pipeline(route)
+    pipeline = build_pipeline(route, RouteStores())
     labels = {"route": "staged", "profile": "xml", "stage": "schema"}
     before = REGISTRY.get_sample_value("wsgate_stage_seconds_count", labels) or 0
     pipeline.request(envelope(op("<d:text>ok</d:text>")), {}, Exchange(route=route))
@@ -247,7 +250,7 @@ def test_schema_references_to_the_network_or_outside_files_refused_at_policy_loa
     policies = policy_with_xsd(tmp_path, xsd(ref))
     (tmp_path / "schemas" / "link.xsd").symlink_to(tmp_path / "outside.xsd")
     with pytest.raises(PolicyError, match="field schema_validation"):
-        load_dir(policies)
+        load_checked(policies)
     assert listener.paths == []
 
 
@@ -276,7 +279,7 @@ def test_dtds_and_entities_in_a_schema_refused(tmp_path: Path, listener: Loopbac
     body = '<xs:element name="e" type="xs:string" fixed="&e;"/>' if "entity-" in kind else ""
     policies = policy_with_xsd(tmp_path, xsd(body, doctype))
     with pytest.raises(PolicyError, match=r"DOCTYPE|external resource|not well-formed"):
-        load_dir(policies)
+        load_checked(policies)
     assert listener.paths == []
 
 

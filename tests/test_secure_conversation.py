@@ -20,10 +20,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
-from filters import context_store, faults, keys, ns, replay, ws_trust
-from filters import secure_conversation as sc
-from filters.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
-from filters.threat_protection import parse_envelope
+from filters.engine import faults, ns
+from filters.engine.conversation import contexts, ws_trust
+from filters.engine.wss import keys
+from filters.engine.wss import secure_conversation as sc
+from filters.engine.wss.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
+from filters.engine.xml.threat_protection import parse_envelope
+from filters.stores import contexts as context_store
+from filters.stores import replay
+from filters.stores.factory import RouteStores
 from gateway.policy import Limits, SecureConversationOptions
 from tests.harness import free_ports
 
@@ -95,7 +100,7 @@ def redis_url(redis_server: str) -> Iterator[str]:
 # --- every store, built the way a route builds it
 
 STORE_KINDS = ["sealed", "sealed-shared-cancel", "memory", "redis"]
-StoreFactory = Callable[..., context_store.ContextStore]
+StoreFactory = Callable[..., contexts.ContextStore]
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -103,9 +108,9 @@ def make(request: pytest.FixtureRequest, master_keys: Path) -> Iterator[StoreFac
     """Builds stores of one kind (a second call: another replica sharing what that kind shares)."""
     kind = request.param
     url = request.getfixturevalue("redis_url") if kind in ("redis", "sealed-shared-cancel") else None
-    built: list[context_store.ContextStore] = []
+    built: list[contexts.ContextStore] = []
 
-    def factory(lifetime_s: int = LIFETIME, max_contexts: int = 1000) -> context_store.ContextStore:
+    def factory(lifetime_s: int = LIFETIME, max_contexts: int = 1000) -> contexts.ContextStore:
         options = SecureConversationOptions(
             store="memory" if kind == "memory" else "redis" if kind == "redis" else "sealed",
             lifetime_s=lifetime_s,
@@ -284,7 +289,7 @@ def test_dkt_refusals(params: str, attrs: str, code: str) -> None:
 def test_unknown_derivation_source(version: Version, reference: str) -> None:
     store = context_store.MemoryContextStore(LIFETIME, 10)
     with refused("UnknownDerivationSource", version.wsc):
-        sc.derive(dkt_xml(version, nonce_xml(), reference), context_store.store_resolver(store, NOW, {}))
+        sc.derive(dkt_xml(version, nonce_xml(), reference), contexts.store_resolver(store, NOW, {}))
 
 
 def test_dkt_of_one_version_naming_an_sct_of_the_other() -> None:
@@ -315,13 +320,13 @@ def test_dkt_referencing_an_sct_in_the_same_header(version: Version) -> None:
     security = security_header(token, mine.signing.element, mine.encryption.element)
     local = sc.header_scts(reparsed(security))
     assert local == {"sct-1": sc.Sct(version, ctx.identifier, "sct-1")}
-    resolve = context_store.store_resolver(store, NOW, local)
+    resolve = contexts.store_resolver(store, NOW, local)
     assert sc.derive(reparsed(mine.signing.element), resolve).key == mine.signing.key
     assert sc.derive(reparsed(mine.encryption.element), resolve).key == mine.encryption.key
     assert mine.signing.key != mine.encryption.key
     # Without the header's SCTs, '#sct-1' names nothing.
     with refused("UnknownDerivationSource", version.wsc):
-        sc.derive(reparsed(mine.signing.element), context_store.store_resolver(store, NOW))
+        sc.derive(reparsed(mine.signing.element), contexts.store_resolver(store, NOW))
 
 
 def test_header_sct_ids_must_be_unique() -> None:
@@ -399,7 +404,7 @@ def test_message_keys_have_distinct_nonces() -> None:
 
 
 def issue(
-    store: context_store.ContextStore,
+    store: contexts.ContextStore,
     version: Version,
     client_key: rsa.RSAPrivateKey,
     client_cert: x509.Certificate,
@@ -435,7 +440,7 @@ def test_issue_use_cancel(
     assert sc.parse_sct(got.token).identifier == ctx.identifier
 
     # The gateway finds the context again from the keys the client derives.
-    resolve = context_store.store_resolver(store, NOW)
+    resolve = contexts.store_resolver(store, NOW)
     mine = sc.message_keys(ctx)
     for dk in (mine.signing, mine.encryption):
         found = sc.derive(reparsed(dk.element), resolve)
@@ -453,7 +458,7 @@ def test_issue_use_cancel(
     with refused("BadContextToken", version.wsc):
         store.lookup(ctx.identifier, version, NOW)
     with refused("BadContextToken", version.wsc):  # the next message's resolver
-        sc.derive(reparsed(mine.signing.element), context_store.store_resolver(store, NOW))
+        sc.derive(reparsed(mine.signing.element), contexts.store_resolver(store, NOW))
 
 
 def test_one_lookup_per_context_per_message(client_key: rsa.RSAPrivateKey, client_cert: x509.Certificate) -> None:
@@ -463,7 +468,7 @@ def test_one_lookup_per_context_per_message(client_key: rsa.RSAPrivateKey, clien
     lookups: list[str] = []
     lookup = store.lookup
     store.lookup = lambda identifier, version, now: lookups.append(identifier) or lookup(identifier, version, now)  # type: ignore[method-assign]
-    resolve = context_store.store_resolver(store, NOW)
+    resolve = contexts.store_resolver(store, NOW)
     mine = sc.message_keys(got.context)
     for dk in (mine.signing, mine.encryption):
         assert sc.derive(reparsed(dk.element), resolve).key == dk.key
@@ -1132,10 +1137,10 @@ def test_demo_pki_master_keys_load(pki: Path) -> None:
 def test_pipeline_looks_a_context_up_once_per_message(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A message in a context carries two derived keys (signature, encryption) naming it: one lookup, which with
     # Redis is one round trip for the cancellation check.
-    from filters.engine import Exchange
-    from filters.profiles import SecureConversationPipeline
-    from gateway.client import Client, ClientConfig
+    from filters.engine.engine import Exchange
+    from filters.engine.profiles import SecureConversationPipeline
     from gateway.policy import Route
+    from gateway.tools.client import Client, ClientConfig
     from tests.wss_helpers import echo, echo_response, route_doc
 
     monkeypatch.delenv("WSGATE_REDIS_URL", raising=False)
@@ -1144,7 +1149,7 @@ def test_pipeline_looks_a_context_up_once_per_message(pki: Path, monkeypatch: py
                     encryption={"require_request": True, "encrypt_response": True})  # fmt: skip
     doc["upstream"] = {"address": "127.0.0.1:1"}
     route = Route.model_validate(doc)
-    pl = SecureConversationPipeline(route)
+    pl = SecureConversationPipeline(route, RouteStores())
     client = Client(route, ClientConfig(certs=pki))
     client.establish(lambda body, ctype: pl.request(body, {"x-forwarded-proto": "https"}, Exchange(route=route)).body)
     lookups: list[str] = []
@@ -1167,10 +1172,10 @@ def test_issue_sent_unencrypted_gets_its_key_only_in_an_encrypted_body(pki: Path
     encrypted to the requester's certificate, whatever encrypt_response says."""
     from datetime import UTC, datetime
 
-    from filters.engine import Exchange
-    from filters.profiles import SecureConversationPipeline
-    from gateway.client import Client, ClientConfig
+    from filters.engine.engine import Exchange
+    from filters.engine.profiles import SecureConversationPipeline
     from gateway.policy import Route
+    from gateway.tools.client import Client, ClientConfig
     from tests.wss_helpers import route_doc
 
     doc = route_doc(pki, "secureconversation", name="sc",

@@ -11,10 +11,10 @@ import pytest
 import requests
 from lxml import etree
 
-from filters import secure_conversation as sc
-from filters.threat_protection import parse_envelope
-from gateway.client import Client, ClientConfig, ClientError, http_post
+from filters.engine.wss import secure_conversation as sc
+from filters.engine.xml.threat_protection import parse_envelope
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig, ClientError, http_post
 from tests.harness import running_gateway
 from tests.wss_helpers import DEMO, echo, route_doc
 

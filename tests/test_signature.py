@@ -1,4 +1,4 @@
-"""filters.signature: verification (secure validation, signature wrapping), signing, and interop with
+"""filters.engine.wss.signature: verification (secure validation, signature wrapping), signing, and interop with
 xmlsec1 and signxml. Real keys from the session PKI, real crypto, no mocks."""
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from cryptography.hazmat.primitives import serialization
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters import faults, keys, ns, signature, threat_protection
-from filters.soap import Envelope
+from filters.engine import faults, ns
+from filters.engine.wss import keys, signature
+from filters.engine.xml import threat_protection
+from filters.engine.xml.soap import Envelope
 from gateway.policy import Limits, SignaturePolicy
 
 LIMITS = Limits()

@@ -20,9 +20,10 @@ import requests
 import yaml
 from lxml import etree
 
-from filters import ns, username_token, wssecurity
-from gateway.client import Client, ClientConfig, Pending, content_type, http_post
+from filters.engine import ns
+from filters.engine.wss import username_token, wssecurity
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig, Pending, content_type, http_post
 from tests.harness import clear, envelope, fault_code, received, running_gateway
 from tests.wss_helpers import DEMO, echo, route_doc
 

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from filters import faults, threat_protection
-from filters.threat_protection import parse_envelope
+from filters.engine import faults
+from filters.engine.xml import threat_protection
+from filters.engine.xml.threat_protection import parse_envelope
 from tests.harness import envelope
 
 

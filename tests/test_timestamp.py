@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from lxml import etree
 
-from filters import faults, ns, timestamp
+from filters.engine import faults, ns
+from filters.engine.wss import timestamp
 from gateway.policy import TimestampPolicy
 
 NOW = datetime(2026, 11, 21, 20, 35, 10, 123456, tzinfo=UTC)

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from filters import encryption, keys, ns, username_token, wssecurity
-from filters import wssecurity_sending as sending
-from filters.profiles import SecuredPipeline
+from filters.engine import ns
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import encryption, keys, username_token, wssecurity
+from filters.engine.wss import wssecurity_sending as sending
+from filters.stores.factory import RouteStores
 from gateway.policy import Route
 from tests.test_wssecurity import (
     ENCRYPTED_DATA,
@@ -88,7 +90,7 @@ def test_bobs_own_encrypted_token_is_accepted(pki: Path) -> None:
     """The control: the message Bob's client makes passes, and names Bob, so the refusals below are the attack's."""
     route = encrypted_route(pki)
     secured, _ = captured(pki, route)
-    outcome = accept(SecuredPipeline(route), secured)
+    outcome = accept(SecuredPipeline(route, RouteStores()), secured)
     assert outcome.set_headers["x-wsgate-subject"] == "bob"
 
 
@@ -96,7 +98,11 @@ def test_bobs_own_encrypted_token_is_accepted(pki: Path) -> None:
 def test_captured_username_token_cannot_be_rebound_under_attackers_encrypted_key(pki: Path, digest: bool) -> None:
     """The attack run's message: Mallory's EncryptedKey, his HMAC signature over his Body, the Timestamp and Bob's
     token as it travels in clear. A readable token is refused before its password is even checked."""
-    fault = refuse(SecuredPipeline(encrypted_route(pki)), rebound(pki, [clear_token(digest=digest)]), "InvalidSecurity")
+    fault = refuse(
+        SecuredPipeline(encrypted_route(pki), RouteStores()),
+        rebound(pki, [clear_token(digest=digest)]),
+        "InvalidSecurity",
+    )
     assert "not encrypted" in fault.reason
 
 
@@ -111,7 +117,7 @@ def test_encrypted_username_token_cannot_be_moved_into_another_message(
     _, header = captured(pki, route, digest=digest)
     stolen = [el for el in header if el.tag in (ENCRYPTED_KEY, ENCRYPTED_DATA)]
     assert [el.tag for el in stolen] == [ENCRYPTED_KEY, ENCRYPTED_DATA]
-    fault = refuse(SecuredPipeline(route), rebound(pki, stolen, key_name=key_name), "InvalidSecurity")
+    fault = refuse(SecuredPipeline(route, RouteStores()), rebound(pki, stolen, key_name=key_name), "InvalidSecurity")
     assert "another key" in fault.reason
 
 
@@ -120,14 +126,18 @@ def test_encrypted_username_token_without_its_key_is_refused(pki: Path) -> None:
     route = encrypted_route(pki)
     _, header = captured(pki, route)
     stolen = [el for el in header if el.tag == ENCRYPTED_DATA]
-    refuse(SecuredPipeline(route), rebound(pki, stolen), "SecurityTokenUnavailable")
+    refuse(SecuredPipeline(route, RouteStores()), rebound(pki, stolen), "SecurityTokenUnavailable")
 
 
 def test_token_from_an_encrypted_message_sent_in_clear_is_refused(pki: Path) -> None:
     """Whoever got a token out of a protected message (or from a route that sent it readable) cannot use it
     readable: on an `encrypted` route a token outside an EncryptedData is never checked."""
     route = encrypted_route(pki)
-    fault = refuse(SecuredPipeline(route), rebound(pki, [clear_token(user="alice", digest=False)]), "InvalidSecurity")
+    fault = refuse(
+        SecuredPipeline(route, RouteStores()),
+        rebound(pki, [clear_token(user="alice", digest=False)]),
+        "InvalidSecurity",
+    )
     assert "not encrypted" in fault.reason
 
 
@@ -154,17 +164,17 @@ def test_encrypted_token_with_other_keys_and_layouts(pki: Path, cfg: dict[str, o
     client = client_for(route, pki, user="bob", password=PASSWORDS["bob"], **cfg)
     secured, _ = client.secure(echo())
     assert b"<wsse:UsernameToken" not in secured
-    assert accept(SecuredPipeline(route), secured).set_headers["x-wsgate-subject"] == "bob"
+    assert accept(SecuredPipeline(route, RouteStores()), secured).set_headers["x-wsgate-subject"] == "bob"
 
 
 def test_rsa_route_requires_the_token_encrypted(pki: Path) -> None:
     route = users_route(pki, "rsa", username_token={"protection": "encrypted"})
     secured, _ = client_for(route, pki, user="alice", password=PASSWORDS["alice"], password_digest=False).secure(echo())
     assert b"alice-demo-password" not in secured
-    accept(SecuredPipeline(route), secured)
+    accept(SecuredPipeline(route, RouteStores()), secured)
     plain = users_route(pki, "rsa", username_token={"password_types": ["digest"], "protection": "tls"})
     readable, _ = client_for(plain, pki, user="bob", password=PASSWORDS["bob"]).secure(echo())
-    fault = refuse(SecuredPipeline(route), readable, "InvalidSecurity")
+    fault = refuse(SecuredPipeline(route, RouteStores()), readable, "InvalidSecurity")
     assert "not encrypted" in fault.reason
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from gateway.client import Client, ClientConfig, content_type
+from gateway.tools.client import Client, ClientConfig, content_type
 from tests.harness import running_gateway
 from tests.test_username_capture import PARTS, captured, clear_token, rebound
 from tests.test_wssecurity import ENCRYPTED_DATA, ENCRYPTED_KEY, PASSWORDS

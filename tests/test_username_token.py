@@ -14,10 +14,10 @@ import yaml
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters import faults, ns
-from filters import username_token as ut_mod
-from filters.auth_throttle import MemoryFailureThrottle
-from filters.username_token import Users, create, verify
+from filters.engine import faults, ns
+from filters.engine.wss import username_token as ut_mod
+from filters.engine.wss.username_token import Users, create, verify
+from filters.stores.auth_throttle import MemoryFailureThrottle
 from gateway.policy import UsernameTokenPolicy
 
 NOW = datetime(2026, 11, 21, 20, 35, 10, 123456, tzinfo=UTC)

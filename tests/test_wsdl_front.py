@@ -1,4 +1,4 @@
-"""Front an existing service from its WSDL, as the README session does it: `wsgate import` the service's WSDL
+"""Front an existing service from its WSDL, as docs/interop.md's session does it: `wsgate import` the service's WSDL
 (tests/wsdl/demo-asymmetric.wsdl: the demo echo service with a CXF-style X.509 AsymmetricBinding), `wsgate
 check` the result, start the gateway on it, and let zeep build its client from the gateway's `?wsdl` and make a
 signed call. What the backend receives is plain SOAP; what the WSDL's schema forbids never reaches it."""
@@ -18,9 +18,9 @@ import zeep
 from lxml import etree
 from zeep.wsse.compose import Compose
 
-from filters import ns
-from gateway.client import Client, ClientConfig
+from filters.engine import ns
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig
 from tests.harness import content_type, fault_code, received, running_gateway
 from tests.test_interop import SignWithClientVerifyGateway, ZeepTimestamp, zeep_signer
 from tests.wss_helpers import DEMO
@@ -31,7 +31,7 @@ SOAP_ADDRESS = "{http://schemas.xmlsoap.org/wsdl/soap/}address"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gateway.control.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
 
 

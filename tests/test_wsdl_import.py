@@ -14,9 +14,9 @@ import pytest
 import requests
 import yaml
 
-from gateway.client import Client, ClientConfig
 from gateway.policy import Route
-from gateway.wsdl_import import WsdlImportError, import_wsdl
+from gateway.tools.client import Client, ClientConfig
+from gateway.tools.wsdl_import import WsdlImportError, import_wsdl
 from tests.harness import content_type, received, running_gateway
 from tests.wss_helpers import DEMO, echo
 
@@ -110,7 +110,7 @@ def test_cbc_and_rsa15_suites_are_named_and_mapped_to_the_safer_choice() -> None
 
 
 def _cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gateway.control.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
 
 

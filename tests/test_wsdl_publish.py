@@ -17,8 +17,8 @@ from lxml import etree
 from zeep.plugins import HistoryPlugin
 from zeep.wsse.compose import Compose
 
-from filters import ns
-from gateway import envoy_config, wsdl_publish
+from filters.engine import ns
+from gateway.control import envoy_config, wsdl_publish
 from gateway.policy import Edge, PolicyError, Route, load_dir
 from tests.harness import fault_code, received, write_policies
 from tests.harness import running_gateway as running

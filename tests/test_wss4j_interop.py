@@ -22,8 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from lxml import etree
 
-from gateway.client import Client, ClientConfig, http_post
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig, http_post
 from tests.harness import clear, content_type, fault_code, received, running_gateway
 from tests.wss4j import (
     DS,

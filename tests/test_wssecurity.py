@@ -29,15 +29,18 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from lxml import etree
 
 from certs import pki as pki_mod
-from filters import encryption, faults, keys, ns, replay, signature, wssecurity
-from filters import wssecurity_sending as sending
-from filters.engine import Exchange, Outcome
-from filters.profiles import SecuredPipeline
-from filters.replay import MemoryReplayCache
-from filters.soap import Envelope
-from filters.threat_protection import parse_envelope
-from gateway.client import Client, ClientError, Pending
+from filters.engine import faults, ns
+from filters.engine.engine import Exchange, Outcome
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import encryption, keys, signature, wssecurity
+from filters.engine.wss import wssecurity_sending as sending
+from filters.engine.xml.soap import Envelope
+from filters.engine.xml.threat_protection import parse_envelope
+from filters.stores import replay
+from filters.stores.factory import RouteStores
+from filters.stores.replay import MemoryReplayCache
 from gateway.policy import Limits, Route
+from gateway.tools.client import Client, ClientError, Pending
 from tests.wss_helpers import DEMO, client_for, echo, echo_response, make_route
 
 SOAP11, SOAP12 = ns.SOAP11, ns.SOAP12
@@ -273,7 +276,7 @@ def test_rsa_sign(pki: Path) -> None:
     client = client_for(route, pki)
     secured, pending = client.secure(echo())
     assert security_children(secured) == ["Timestamp", "BinarySecurityToken", "Signature"]
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_secured_reply(t.reply, encrypted=False)
     assert_opened(t.opened)
@@ -288,7 +291,7 @@ def test_rsa_sign_and_encrypt_both_ways(pki: Path) -> None:
     client = client_for(route, pki)
     secured, pending = client.secure(echo("secret words"))
     assert b"secret words" not in secured
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend, "secret words")
     assert_secured_reply(t.reply, encrypted=True, text="secret words")
     assert_opened(t.opened, "secret words")
@@ -309,7 +312,7 @@ def test_hmac_pre_shared_key(pki: Path) -> None:
     secured, pending = client.secure(echo())
     assert security_children(secured) == ["Timestamp", "Signature"]
     assert _pre_shared_key_reference(secured) == "#demo-client"
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_secured_reply(t.reply, encrypted=False)
     assert_opened(t.opened)
@@ -324,7 +327,7 @@ def test_hmac_symmetric_binding(pki: Path) -> None:
     secured, pending = client.secure(echo())
     assert security_children(secured) == ["Timestamp", "EncryptedKey", "Signature"]
     assert pending.secret is not None and pending.encrypted_key_sha1 is not None
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_secured_reply(t.reply, encrypted=False)
     assert_opened(t.opened)
@@ -341,7 +344,7 @@ def test_hmac_sign_and_encrypt_both_ways(pki: Path, key_name: str | None) -> Non
     secured, pending = client.secure(echo("secret words"))
     assert b"secret words" not in secured
     assert "ReferenceList" in security_children(secured)
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend, "secret words")
     assert_secured_reply(t.reply, encrypted=True, text="secret words")
     assert_opened(t.opened, "secret words")
@@ -355,7 +358,7 @@ def test_username_token(pki: Path, user: str, digest: bool) -> None:
     client = client_for(route, pki, key_name="demo-client", user=user, password=PASSWORDS[user], password_digest=digest)
     secured, pending = client.secure(echo())
     assert b"<wsse:UsernameToken" not in secured and PASSWORDS[user].encode() not in secured  # travels encrypted
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_opened(t.opened)
     assert t.headers == {"x-wsgate-subject": user}  # on an hmac route the user is who the backend is told
@@ -364,7 +367,7 @@ def test_username_token(pki: Path, user: str, digest: bool) -> None:
 def test_username_token_signed_as_a_part(pki: Path) -> None:
     route = users_route(pki, signature={"parts": ["body", "timestamp", "username_token"]})
     client = client_for(route, pki, user="bob", password=PASSWORDS["bob"])
-    t = trip(SecuredPipeline(route), client)
+    t = trip(SecuredPipeline(route, RouteStores()), client)
     assert_plain(t.backend)
     assert_opened(t.opened)
 
@@ -372,7 +375,7 @@ def test_username_token_signed_as_a_part(pki: Path) -> None:
 def test_username_token_with_x509_signature_names_the_signer(pki: Path) -> None:
     route = users_route(pki, "rsa")
     client = client_for(route, pki, user="bob", password=PASSWORDS["bob"])
-    t = trip(SecuredPipeline(route), client)
+    t = trip(SecuredPipeline(route, RouteStores()), client)
     assert_plain(t.backend)
     assert_opened(t.opened)
     assert t.headers == {"x-wsgate-subject": CLIENT_SUBJECT}  # the signer, not the user: the signature is the proof
@@ -393,7 +396,7 @@ def test_soap12(pki: Path, profile: str, extra: dict[str, Any], cfg: dict[str, A
     secured, pending = client.secure(echo(version="1.2"))
     security = etree.fromstring(secured).find(f".//{SECURITY}")
     assert security is not None and security.get(ns.q(SOAP12, "mustUnderstand")) == "true"
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend, version="1.2")
     assert_secured_reply(t.reply, encrypted=bool(extra), version="1.2")
     assert_opened(t.opened, version="1.2")
@@ -404,14 +407,14 @@ def test_unsigned_application_headers_reach_the_backend_only_when_the_route_forw
         b"<soap:Body>", f'<soap:Header><a:Trace xmlns:a="{APP}">t-1</a:Trace></soap:Header><soap:Body>'.encode()
     )
     route = make_route(pki, "rsa", encryption=ENCRYPT_BOTH_WAYS, unsigned_headers={"default": "forward"})
-    t = trip(SecuredPipeline(route), client_for(route, pki), plain)
+    t = trip(SecuredPipeline(route, RouteStores()), client_for(route, pki), plain)
     assert_plain(t.backend, headers_left=1)
     assert etree.fromstring(t.backend).findtext(f".//{{{APP}}}Trace") == "t-1"
     route = make_route(pki, "rsa", encryption=ENCRYPT_BOTH_WAYS)  # default: strip
-    t = trip(SecuredPipeline(route), client_for(route, pki), plain)
+    t = trip(SecuredPipeline(route, RouteStores()), client_for(route, pki), plain)
     assert_plain(t.backend)
     route = make_route(pki, "rsa", encryption=ENCRYPT_BOTH_WAYS, unsigned_headers={"default": "refuse"})
-    fault = refuse(SecuredPipeline(route), client_for(route, pki).secure(plain)[0], "InvalidSecurity")
+    fault = refuse(SecuredPipeline(route, RouteStores()), client_for(route, pki).secure(plain)[0], "InvalidSecurity")
     assert "Trace" in fault.reason
 
 
@@ -422,7 +425,7 @@ def test_sign_then_encrypt_decrypts_before_it_verifies(pki: Path) -> None:
     secured, pending = client.secure(echo())
     order = security_children(secured)
     assert order.index("EncryptedKey") < order.index("Signature")
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_opened(t.opened)
 
@@ -483,7 +486,7 @@ def test_encrypt_then_sign(pki: Path, mode: str) -> None:
     decrypting = "EncryptedKey" if mode == "rsa" else "ReferenceList"
     assert order.index("Signature") < order.index(decrypting)
     assert b"secret words" not in secured
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend, "secret words")
     assert_secured_reply(t.reply, encrypted=True, text="secret words")
     assert_opened(t.opened, "secret words")
@@ -503,7 +506,7 @@ def test_backend_faults_are_secured(
 ) -> None:
     route = make_route(pki, profile, **extra)
     client = client_for(route, pki, **cfg)
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     secured, pending = client.secure(echo(version=version))
     ex = Exchange(route=route)
     pipeline.request(secured, {}, ex)
@@ -523,7 +526,7 @@ def test_backend_faults_are_secured(
 def test_backend_faults_pass_unsecured_when_the_policy_says_so(pki: Path) -> None:
     route = make_route(pki, "rsa", secure_faults=False)
     client = client_for(route, pki)
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     ex = Exchange(route=route)
     pipeline.request(client.secure(echo())[0], {}, ex)
     assert pipeline.response(backend_fault("1.1")(b""), ex).body is None  # passed on unchanged
@@ -534,19 +537,19 @@ def test_identity_header_is_the_signer_subject(pki: Path, who: str, subject: str
     assert keys.load_certificate(pki / f"{who}.pem").subject.rfc4514_string() == subject
     route = make_route(pki, "rsa", identity_header="x-caller")
     client = client_for(route, pki, key=f"{who}.key", certificate=f"{who}.pem")
-    t = trip(SecuredPipeline(route), client)
+    t = trip(SecuredPipeline(route, RouteStores()), client)
     assert t.headers == {"x-caller": subject}
 
 
 def test_no_identity_header_when_the_route_has_none(pki: Path) -> None:
     route = make_route(pki, "rsa", identity_header=None)
-    assert trip(SecuredPipeline(route), client_for(route, pki)).headers == {}
+    assert trip(SecuredPipeline(route, RouteStores()), client_for(route, pki)).headers == {}
 
 
 def test_allowed_subject_accepted(pki: Path) -> None:
     route = make_route(pki, "rsa", rsa={"allowed_subjects": [CLIENT2_SUBJECT]})
     client = client_for(route, pki, key="client2.key", certificate="client2.pem")
-    assert trip(SecuredPipeline(route), client).headers == {"x-wsgate-subject": CLIENT2_SUBJECT}
+    assert trip(SecuredPipeline(route, RouteStores()), client).headers == {"x-wsgate-subject": CLIENT2_SUBJECT}
 
 
 @pytest.mark.parametrize("profile", ["rsa", "hmac"])
@@ -559,7 +562,7 @@ def test_rsa_1_5_key_transport_accepted_when_allowed(pki: Path, profile: str) ->
     secured, pending = client.secure(echo())
     assert encryption.KEY_TRANSPORTS["rsa-1_5"].encode() in secured
     route = make_route(pki, profile, encryption={**ENCRYPT_BOTH_WAYS, "key_transport": ["rsa-oaep-mgf1p", "rsa-1_5"]})
-    t = trip(SecuredPipeline(route), client, secured=(secured, pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(secured, pending))
     assert_plain(t.backend)
     assert_opened(t.opened)
 
@@ -567,14 +570,14 @@ def test_rsa_1_5_key_transport_accepted_when_allowed(pki: Path, profile: str) ->
 def test_timestamp_within_the_clock_skew_accepted(pki: Path, client_clock: Callable[[timedelta], None]) -> None:
     route = make_route(pki, "rsa")
     client_clock(timedelta(minutes=4))  # the client runs four minutes fast: inside the five-minute skew
-    accept(SecuredPipeline(route), client_for(route, pki).secure(echo())[0])
+    accept(SecuredPipeline(route, RouteStores()), client_for(route, pki).secure(echo())[0])
 
 
 def test_timestamp_optional_when_not_required(pki: Path) -> None:
     route = make_route(pki, "hmac", timestamp={"required": False})
     env = bare(timestamp=False)
     sign_hmac(env, psk(pki), keys.key_name("demo-client"), [env.body])
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     pipeline.credentials.replay = MemoryReplayCache(epoch_ms=0)  # a store that has seen everything since 1970
     assert_plain(accept(pipeline, env.serialize()).body or b"")
 
@@ -585,7 +588,7 @@ def test_without_a_timestamp_a_store_that_lost_its_memory_refuses_until_a_copy_w
     route = make_route(pki, "hmac", timestamp={"required": False, "max_age_s": 60, "clock_skew_s": 10})
     env = bare(timestamp=False)
     sign_hmac(env, psk(pki), keys.key_name("demo-client"), [env.body])
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     pipeline.credentials.replay = MemoryReplayCache(epoch_ms=replay.now_ms() - 79_000)
     refuse(pipeline, env.serialize(), "MessageExpired")
     pipeline.credentials.replay = MemoryReplayCache(epoch_ms=replay.now_ms() - 81_000)
@@ -597,14 +600,14 @@ def test_without_a_timestamp_a_store_that_lost_its_memory_refuses_until_a_copy_w
 
 
 def test_plain_soap_refused(pki: Path) -> None:
-    refuse(SecuredPipeline(make_route(pki, "rsa")), echo(), "InvalidSecurity")
+    refuse(SecuredPipeline(make_route(pki, "rsa"), RouteStores()), echo(), "InvalidSecurity")
 
 
 @pytest.mark.parametrize(("profile", "cfg"), [("rsa", {}), ("hmac", {"key_name": "demo-client"}), ("hmac", {})])
 def test_tampered_body_fails_check(pki: Path, profile: str, cfg: dict[str, Any]) -> None:
     route = make_route(pki, profile)
     secured, _ = client_for(route, pki, **cfg).secure(echo("pay 10"))
-    refuse(SecuredPipeline(route), secured.replace(b"pay 10", b"pay 99"), "FailedCheck")
+    refuse(SecuredPipeline(route, RouteStores()), secured.replace(b"pay 10", b"pay 99"), "FailedCheck")
 
 
 def test_tampered_timestamp_fails_check(pki: Path) -> None:
@@ -616,21 +619,21 @@ def test_tampered_timestamp_fails_check(pki: Path) -> None:
         assert expires is not None
         expires.text = "2099-01-01T00:00:00.000Z"
 
-    refuse(SecuredPipeline(route), mutate(secured, later), "FailedCheck")
+    refuse(SecuredPipeline(route, RouteStores()), mutate(secured, later), "FailedCheck")
 
 
 def test_wrong_hmac_key_fails_check(pki: Path, tmp_path: Path) -> None:
     route = make_route(pki, "hmac")
     other = make_route(pki, "hmac", hmac={"keys_file": keys_file(tmp_path, "demo-client", os.urandom(32))})
     secured, _ = client_for(other, pki, key_name="demo-client").secure(echo())
-    refuse(SecuredPipeline(route), secured, "FailedCheck")
+    refuse(SecuredPipeline(route, RouteStores()), secured, "FailedCheck")
 
 
 def test_unknown_pre_shared_key_name(pki: Path, tmp_path: Path) -> None:
     route = make_route(pki, "hmac")
     other = make_route(pki, "hmac", hmac={"keys_file": keys_file(tmp_path, "stranger", os.urandom(32))})
     secured, _ = client_for(other, pki, key_name="stranger").secure(echo())
-    refuse(SecuredPipeline(route), secured, "SecurityTokenUnavailable")
+    refuse(SecuredPipeline(route, RouteStores()), secured, "SecurityTokenUnavailable")
 
 
 @pytest.mark.parametrize(
@@ -644,7 +647,7 @@ def test_stale_or_future_timestamp_expired(
     route = make_route(pki, "rsa")
     client_clock(delta)
     secured, _ = client_for(route, pki, timestamp_ttl_s=ttl).secure(echo())
-    refuse(SecuredPipeline(route), secured, "MessageExpired")
+    refuse(SecuredPipeline(route, RouteStores()), secured, "MessageExpired")
 
 
 def test_username_token_created_in_the_future_expired(pki: Path, client_clock: Callable[[timedelta], None]) -> None:
@@ -658,7 +661,7 @@ def test_username_token_created_in_the_future_expired(pki: Path, client_clock: C
     assert sig is not None
     security_of(env).remove(sig)
     sign_hmac(env, psk(pki), keys.key_name("demo-client"), [env.body])
-    refuse(SecuredPipeline(route), env.serialize(), "MessageExpired")
+    refuse(SecuredPipeline(route, RouteStores()), env.serialize(), "MessageExpired")
 
 
 @pytest.mark.parametrize(
@@ -673,13 +676,13 @@ def test_username_token_created_in_the_future_expired(pki: Path, client_clock: C
 )
 def test_replayed_message_refused(pki: Path, profile: str, extra: dict[str, Any], cfg: dict[str, Any]) -> None:
     route = make_route(pki, profile, **extra)
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     secured, _ = client_for(route, pki, **cfg).secure(echo())
     accept(pipeline, secured)
     fault = refuse(pipeline, secured, "InvalidSecurity")
     assert fault.reason.startswith("replay")
     # A rebuilt pipeline (a policy reload) still remembers it.
-    refuse(SecuredPipeline(route), secured, "InvalidSecurity")
+    refuse(SecuredPipeline(route, RouteStores()), secured, "InvalidSecurity")
 
 
 @pytest.mark.parametrize(("user", "digest"), [("alice", False), ("bob", True)], ids=["alice-text", "bob-digest"])
@@ -687,7 +690,7 @@ def test_replayed_username_token_nonce_refused(pki: Path, user: str, digest: boo
     """A fresh, validly signed message that carries a UsernameToken seen before (Body and Timestamp signed, the
     token not, readable: the route relies on TLS): the nonce gives it away."""
     route = users_route(pki, username_token={"protection": "tls"})
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     client = client_for(route, pki, key_name="demo-client", user=user, password=PASSWORDS[user], password_digest=digest)
     first, _ = client.secure(echo())
     accept(pipeline, first)
@@ -708,40 +711,40 @@ def test_unsigned_body_refused(pki: Path) -> None:
     """A signature over the Timestamp only: the Body could be anything."""
     env = bare()
     sign_x509(env, pki, [timestamp_of(env)])
-    fault = refuse(SecuredPipeline(make_route(pki, "rsa")), env.serialize(), "InvalidSecurity")
+    fault = refuse(SecuredPipeline(make_route(pki, "rsa"), RouteStores()), env.serialize(), "InvalidSecurity")
     assert "Body" in fault.reason
 
 
 def test_required_timestamp_missing(pki: Path) -> None:
     env = bare(timestamp=False)
     sign_x509(env, pki, [env.body])
-    fault = refuse(SecuredPipeline(make_route(pki, "rsa")), env.serialize(), "InvalidSecurity")
+    fault = refuse(SecuredPipeline(make_route(pki, "rsa"), RouteStores()), env.serialize(), "InvalidSecurity")
     assert "Timestamp" in fault.reason
 
 
 def test_unsigned_timestamp_refused(pki: Path) -> None:
     env = bare()
     sign_x509(env, pki, [env.body])
-    fault = refuse(SecuredPipeline(make_route(pki, "rsa")), env.serialize(), "InvalidSecurity")
+    fault = refuse(SecuredPipeline(make_route(pki, "rsa"), RouteStores()), env.serialize(), "InvalidSecurity")
     assert "Timestamp is not signed" in fault.reason
 
 
 @pytest.mark.parametrize("profile", ["rsa", "hmac"])
 def test_required_signature_missing(pki: Path, profile: str) -> None:
-    fault = refuse(SecuredPipeline(make_route(pki, profile)), bare().serialize(), "InvalidSecurity")
+    fault = refuse(SecuredPipeline(make_route(pki, profile), RouteStores()), bare().serialize(), "InvalidSecurity")
     assert "signature" in fault.reason
 
 
 def test_untrusted_certificate(pki: Path) -> None:
     route = make_route(pki, "rsa")
     secured, _ = client_for(route, pki, key="rogue.key", certificate="rogue.pem").secure(echo())
-    refuse(SecuredPipeline(route), secured, "FailedAuthentication")
+    refuse(SecuredPipeline(route, RouteStores()), secured, "FailedAuthentication")
 
 
 def test_subject_not_allowed(pki: Path) -> None:
     route = make_route(pki, "rsa", rsa={"allowed_subjects": [CLIENT2_SUBJECT]})
     secured, _ = client_for(route, pki).secure(echo())
-    fault = refuse(SecuredPipeline(route), secured, "FailedAuthentication")
+    fault = refuse(SecuredPipeline(route, RouteStores()), secured, "FailedAuthentication")
     assert "allow-list" in fault.reason
 
 
@@ -758,7 +761,7 @@ def test_disallowed_signature_algorithm(
     pki: Path, profile: str, gateway: dict[str, Any], client: dict[str, Any], cfg: dict[str, Any]
 ) -> None:
     secured, _ = client_for(make_route(pki, profile, signature=client), pki, **cfg).secure(echo())
-    refuse(SecuredPipeline(make_route(pki, profile, signature=gateway)), secured, "UnsupportedAlgorithm")
+    refuse(SecuredPipeline(make_route(pki, profile, signature=gateway), RouteStores()), secured, "UnsupportedAlgorithm")
 
 
 def test_hmac_keyed_with_the_signer_certificate_refused(pki: Path) -> None:
@@ -773,7 +776,7 @@ def test_hmac_keyed_with_the_signer_certificate_refused(pki: Path) -> None:
         [env.body, timestamp_of(env)],
         at=1,
     )
-    refuse(SecuredPipeline(make_route(pki, "rsa")), env.serialize(), "UnsupportedAlgorithm")
+    refuse(SecuredPipeline(make_route(pki, "rsa"), RouteStores()), env.serialize(), "UnsupportedAlgorithm")
 
 
 def test_hmac_output_length_refused(pki: Path) -> None:
@@ -785,7 +788,7 @@ def test_hmac_output_length_refused(pki: Path) -> None:
         assert method is not None
         etree.SubElement(method, ns.q(ns.DS, "HMACOutputLength")).text = "128"
 
-    fault = refuse(SecuredPipeline(route), mutate(secured, truncate), "InvalidSecurity")
+    fault = refuse(SecuredPipeline(route, RouteStores()), mutate(secured, truncate), "InvalidSecurity")
     assert "HMACOutputLength" in fault.reason
 
 
@@ -795,7 +798,7 @@ def test_cbc_refused_when_only_gcm_allowed(pki: Path, profile: str) -> None:
     secured, _ = client_for(client_route, pki).secure(echo())
     assert encryption.DATA_ALGORITHMS["aes256-cbc"].encode() in secured
     route = make_route(pki, profile, encryption={"require_request": True})
-    refuse(SecuredPipeline(route), secured, "UnsupportedAlgorithm")
+    refuse(SecuredPipeline(route, RouteStores()), secured, "UnsupportedAlgorithm")
 
 
 @pytest.mark.parametrize("profile", ["rsa", "hmac"])
@@ -804,7 +807,7 @@ def test_rsa_1_5_key_transport_refused_unless_allowed(pki: Path, profile: str) -
     secured, _ = client_for(client_route, pki).secure(echo())
     assert encryption.KEY_TRANSPORTS["rsa-1_5"].encode() in secured
     route = make_route(pki, profile, encryption={"require_request": True})
-    refuse(SecuredPipeline(route), secured, "UnsupportedAlgorithm")
+    refuse(SecuredPipeline(route, RouteStores()), secured, "UnsupportedAlgorithm")
 
 
 @pytest.mark.parametrize(("profile", "cfg"), [("rsa", {}), ("hmac", {}), ("hmac", {"key_name": "demo-client"})])
@@ -812,13 +815,13 @@ def test_required_encryption_missing(pki: Path, profile: str, cfg: dict[str, Any
     route = make_route(pki, profile, encryption={"require_request": True})
     secured, _ = client_for(route, pki, encrypt=False, **cfg).secure(echo())
     assert b"hello" in secured
-    fault = refuse(SecuredPipeline(route), secured, "InvalidSecurity")
+    fault = refuse(SecuredPipeline(route, RouteStores()), secured, "InvalidSecurity")
     assert "encrypted" in fault.reason
 
 
 def test_anonymous_encrypted_key_refused_unless_the_hmac_route_allows_it(pki: Path) -> None:
     route = make_route(pki, "hmac", hmac={"allow_anonymous": False})
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     secured, _ = client_for(route, pki).secure(echo())
     refuse(pipeline, secured, "FailedAuthentication")
     got = accept(pipeline, client_for(route, pki, key_name="demo-client").secure(echo())[0])  # pre-shared keys do
@@ -827,7 +830,7 @@ def test_anonymous_encrypted_key_refused_unless_the_hmac_route_allows_it(pki: Pa
 
 def test_x509_signature_on_an_hmac_route(pki: Path) -> None:
     secured, _ = client_for(make_route(pki, "rsa"), pki).secure(echo())
-    fault = refuse(SecuredPipeline(make_route(pki, "hmac")), secured, "InvalidSecurity")
+    fault = refuse(SecuredPipeline(make_route(pki, "hmac"), RouteStores()), secured, "InvalidSecurity")
     assert "X.509" in fault.reason
 
 
@@ -839,7 +842,7 @@ def test_x509_signature_on_an_hmac_route(pki: Path) -> None:
 def test_hmac_on_an_rsa_route(pki: Path, key_name: str | None, code: str) -> None:
     # An rsa route knows no pre-shared keys at all; a key it can open from an EncryptedKey is still no X.509 signer.
     secured, _ = client_for(make_route(pki, "hmac"), pki, key_name=key_name).secure(echo())
-    refuse(SecuredPipeline(make_route(pki, "rsa")), secured, code)
+    refuse(SecuredPipeline(make_route(pki, "rsa"), RouteStores()), secured, code)
 
 
 @pytest.mark.parametrize(
@@ -857,7 +860,7 @@ def test_hmac_on_an_rsa_route(pki: Path, key_name: str | None, code: str) -> Non
 def test_username_token_not_authenticated(pki: Path, user: str, password: str, digest: bool) -> None:
     route = users_route(pki)
     client = client_for(route, pki, key_name="demo-client", user=user, password=password, password_digest=digest)
-    refuse(SecuredPipeline(route), client.secure(echo())[0], "FailedAuthentication")
+    refuse(SecuredPipeline(route, RouteStores()), client.secure(echo())[0], "FailedAuthentication")
 
 
 def test_password_type_not_allowed(pki: Path) -> None:
@@ -870,13 +873,13 @@ def test_password_type_not_allowed(pki: Path) -> None:
     client = client_for(
         route, pki, key_name="demo-client", user="bob", password=PASSWORDS["bob"], password_digest=False
     )
-    refuse(SecuredPipeline(route), client.secure(echo())[0], "FailedAuthentication")
+    refuse(SecuredPipeline(route, RouteStores()), client.secure(echo())[0], "FailedAuthentication")
 
 
 def test_required_username_token_missing(pki: Path) -> None:
     route = users_route(pki)
     secured, _ = client_for(route, pki, key_name="demo-client").secure(echo())
-    fault = refuse(SecuredPipeline(route), secured, "InvalidSecurity")
+    fault = refuse(SecuredPipeline(route, RouteStores()), secured, "InvalidSecurity")
     assert "UsernameToken" in fault.reason
 
 
@@ -964,7 +967,7 @@ def test_decryption_failures_look_the_same(pki: Path) -> None:
     for case, (enc, attack) in DECRYPTION_FAILURES.items():
         route = make_route(pki, "rsa", encryption={"require_request": True, **enc})
         secured, _ = client_for(route, pki).secure(echo())
-        seen[case] = refuse(SecuredPipeline(route), mutate(secured, lambda root, a=attack: a(pki, root)))
+        seen[case] = refuse(SecuredPipeline(route, RouteStores()), mutate(secured, lambda root, a=attack: a(pki, root)))
     answers = {(f.code, f.message, faults.render(f, "1.1")) for f in seen.values()}
     assert answers == {
         ("FailedCheck", faults.WSSE_CODES["FailedCheck"], faults.render(seen["data-bit-flip"], "1.1"))
@@ -975,7 +978,11 @@ def test_decryption_failures_look_the_same(pki: Path) -> None:
 def test_decryption_failure_with_a_pre_shared_key_looks_the_same(pki: Path) -> None:
     route = make_route(pki, "hmac", encryption={"require_request": True})
     secured, _ = client_for(route, pki, key_name="demo-client").secure(echo())
-    refuse(SecuredPipeline(route), mutate(secured, lambda root: _flip(_cipher(parts(root)[2]), 20)), "FailedCheck")
+    refuse(
+        SecuredPipeline(route, RouteStores()),
+        mutate(secured, lambda root: _flip(_cipher(parts(root)[2]), 20)),
+        "FailedCheck",
+    )
 
 
 # --- CVE-2015-0227: EncryptedData the signature does not cover ---------------------------------------------
@@ -1033,7 +1040,7 @@ def test_unsigned_encrypted_data_refused(pki: Path, case: str) -> None:
         secured, _ = client_for(route, pki).secure(echo())
     else:
         secured, _ = encrypt_then_sign(pki, "rsa", echo())
-    fault = refuse(SecuredPipeline(route), mutate(secured, lambda root: attack(pki, root)), code)
+    fault = refuse(SecuredPipeline(route, RouteStores()), mutate(secured, lambda root: attack(pki, root)), code)
     if case.startswith("unsigned-encrypted-header-block"):
         assert "not covered by the signature" in fault.reason
 
@@ -1191,7 +1198,7 @@ def test_signature_wrapping_refused(pki: Path, variant: str) -> None:
     build, code = WRAPPING[variant]
     route = make_route(pki, "rsa")
     secured, _ = client_for(route, pki).secure(echo())
-    refuse(SecuredPipeline(route), mutate(secured, lambda root: build(pki, root)), code)
+    refuse(SecuredPipeline(route, RouteStores()), mutate(secured, lambda root: build(pki, root)), code)
 
 
 def test_signature_wrapping_reference_nested_in_the_body_refused(pki: Path) -> None:
@@ -1200,7 +1207,7 @@ def test_signature_wrapping_reference_nested_in_the_body_refused(pki: Path) -> N
     env = bare()
     sign_x509(env, pki, [env.body[0], timestamp_of(env)])
     env.body.append(etree.fromstring(EVIL))
-    fault = refuse(SecuredPipeline(make_route(pki, "rsa")), env.serialize(), "InvalidSecurity")
+    fault = refuse(SecuredPipeline(make_route(pki, "rsa"), RouteStores()), env.serialize(), "InvalidSecurity")
     assert "not where a signed part may be" in fault.reason
 
 
@@ -1219,7 +1226,7 @@ def test_body_moves_refused_by_the_security_header_alone(pki: Path, variant: str
     """Defence in depth: with threat protection out of the way (the Envelope built directly), the header
     processor still refuses a signed Body that is no longer the Body."""
     route = make_route(pki, "rsa")
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     build, _ = WRAPPING[variant]
     root = etree.fromstring(client_for(route, pki).secure(echo())[0])
     build(pki, root)
@@ -1256,7 +1263,7 @@ def test_replay_window_covers_a_client_clock_that_runs_ahead(
     if order == "signature-first":  # the header's order is not signed: the same message, read the other way
         secured = mutate(secured, _signature_on_top)
     elapsed = [0.0]
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     pipeline.credentials.replay = MemoryReplayCache(clock=lambda: elapsed[0])
     accept(pipeline, secured)
 
@@ -1265,7 +1272,7 @@ def test_replay_window_covers_a_client_clock_that_runs_ahead(
         def now(cls, tz: Any = None) -> Any:
             return datetime.now(tz) + timedelta(seconds=601)
 
-    monkeypatch.setattr("filters.profiles.datetime", Later)
+    monkeypatch.setattr("filters.engine.profiles.datetime", Later)
     elapsed[0] = 601.0
     fault = refuse(pipeline, secured, "InvalidSecurity")
     assert fault.reason.startswith("replay")
@@ -1279,7 +1286,7 @@ def test_hmac_route_with_aes128(pki: Path) -> None:
         "hmac",
         encryption={**ENCRYPT_BOTH_WAYS, "data_algorithms": ["aes128-gcm"], "response_algorithm": "aes128-gcm"},
     )
-    t = trip(SecuredPipeline(route), client_for(route, pki))
+    t = trip(SecuredPipeline(route, RouteStores()), client_for(route, pki))
     assert_plain(t.backend)
     assert_opened(t.opened)
 
@@ -1301,7 +1308,7 @@ def test_response_encrypted_for_a_128_bit_symmetric_binding_key(pki: Path) -> No
         symmetric_binding=(secret, gateway_cert(pki), "rsa-oaep-mgf1p"),
     )
     pending = Pending(secret=secret, encrypted_key_sha1=got.encrypted_key_sha1)
-    t = trip(SecuredPipeline(route), client, secured=(env.serialize(), pending))
+    t = trip(SecuredPipeline(route, RouteStores()), client, secured=(env.serialize(), pending))
     assert_plain(t.backend)
     assert_secured_reply(t.reply, encrypted=True)
     assert_opened(t.opened)
@@ -1332,12 +1339,12 @@ def test_signer_named_without_a_token(pki: Path, form: str) -> None:
     message = env.serialize()
     assert b"BinarySecurityToken" not in message
     known = make_route(pki, "rsa", rsa={"known_certificates": [str(pki / "client.pem")]})
-    out = SecuredPipeline(known).request(message, {}, Exchange(route=known))
+    out = SecuredPipeline(known, RouteStores()).request(message, {}, Exchange(route=known))
     assert out.body is not None and b"by reference" in out.body
     assert out.set_headers["x-wsgate-subject"] == "CN=Demo Client,O=WSGate Demo"
     unknown = make_route(pki, "rsa")
     with pytest.raises(faults.Fault) as err:
-        SecuredPipeline(unknown).request(message, {}, Exchange(route=unknown))
+        SecuredPipeline(unknown, RouteStores()).request(message, {}, Exchange(route=unknown))
     assert err.value.code == "SecurityTokenUnavailable"
 
 
@@ -1347,7 +1354,7 @@ def test_signer_named_without_a_token(pki: Path, form: str) -> None:
 @pytest.mark.parametrize("profile", ["rsa", "hmac"])
 def test_comment_split_signature_value_has_the_replay_key_of_the_original(pki: Path, profile: str) -> None:
     route = make_route(pki, profile)
-    pipeline = SecuredPipeline(route)
+    pipeline = SecuredPipeline(route, RouteStores())
     secured, _ = client_for(route, pki).secure(echo())
     accept(pipeline, secured)
     start = secured.index(b"<ds:SignatureValue>") + len(b"<ds:SignatureValue>")
@@ -1362,7 +1369,7 @@ def test_comments_in_signed_content_are_not_forwarded(pki: Path, profile: str, v
     route = make_route(pki, profile)
     secured, _ = client_for(route, pki).secure(echo("user@victim.exampleATK", version))
     secured = secured.replace(b"victim.example", b"victim.example<!---->")
-    got = accept(SecuredPipeline(route), secured).body
+    got = accept(SecuredPipeline(route, RouteStores()), secured).body
     assert got is not None and b"<!--" not in got
     assert_plain(got, "user@victim.exampleATK", version)
 
@@ -1371,7 +1378,9 @@ def test_the_gateway_signs_no_comment(pki: Path) -> None:
     route = make_route(pki, "rsa")
     client = client_for(route, pki)
     t = trip(
-        SecuredPipeline(route), client, backend=lambda b: echo_response(b).replace(b"<d:text>", b"<d:text><!--c-->")
+        SecuredPipeline(route, RouteStores()),
+        client,
+        backend=lambda b: echo_response(b).replace(b"<d:text>", b"<d:text><!--c-->"),
     )
     assert b"<!--" not in t.reply
     assert_opened(t.opened)
@@ -1389,10 +1398,12 @@ def test_the_gateway_signs_no_comment(pki: Path) -> None:
 )
 def test_identity_names_the_credential(pki: Path, cfg: dict[str, Any], subject: str) -> None:
     route = make_route(pki, "hmac", username_token={"users_file": str(pki / "users.yaml"), "protection": "encrypted"})
-    assert trip(SecuredPipeline(route), client_for(route, pki, **cfg)).headers == {"x-wsgate-subject": subject}
+    assert trip(SecuredPipeline(route, RouteStores()), client_for(route, pki, **cfg)).headers == {
+        "x-wsgate-subject": subject
+    }
 
 
 def test_an_encrypted_key_with_a_user_is_not_anonymous(pki: Path) -> None:
     route = users_route(pki, hmac={"allow_anonymous": False})
     client = client_for(route, pki, user="bob", password=PASSWORDS["bob"])
-    assert trip(SecuredPipeline(route), client).headers == {"x-wsgate-subject": "bob"}
+    assert trip(SecuredPipeline(route, RouteStores()), client).headers == {"x-wsgate-subject": "bob"}

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from filters import faults
-from gateway.client import Client, ClientConfig, ClientError, content_type
+from filters.engine import faults
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig, ClientError, content_type
 from tests.harness import clear, fault_code, received, running_gateway
 from tests.wss_helpers import DEMO, echo, route_doc
 
@@ -205,7 +205,7 @@ def test_wsgate_client_cli(gw, pki: Path, tmp_path: Path) -> None:
     request = tmp_path / "echo.xml"
     request.write_bytes(echo("from the cli"))
     run = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "client", "--policies", str(gw.opts.policies), "--certs", str(pki),
+        [sys.executable, "-m", "gateway.control.cli", "client", "--policies", str(gw.opts.policies), "--certs", str(pki),
          "--policy", "rsa-enc", "--url", f"http://127.0.0.1:{gw.opts.http_port}/rsa-enc/demo", str(request)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

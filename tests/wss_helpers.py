@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from filters.engine import Exchange
-from filters.profiles import SecuredPipeline
-from gateway.client import Client, ClientConfig
+from filters.engine.engine import Exchange
+from filters.engine.profiles import SecuredPipeline
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig
 
 DEMO = "urn:wsgate:demo"
 

@@ -1,4 +1,4 @@
-//! The frame's own counters, read by the worker's Prometheus collector (filters/server.py) from another thread.
+//! The frame's own counters, read by the worker's Prometheus collector (filters/worker.py) from another thread.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -2,7 +2,7 @@
 //! exchange waits on Redis with the Python thread: the engine returns a verified message's keys with its verdict
 //! (only a message it accepted has any), and the frame sets them all, `SET key 1 NX PX ttl` in one pipelined round
 //! trip, before it passes the message on. One key already there is a replay; a Redis that cannot answer within
-//! the timeout refuses the message (fail closed). Same keys as the engine's own Redis store (filters/replay.py).
+//! the timeout refuses the message (fail closed). Same keys as the engine's own Redis store (filters/engine/wss/replay.py).
 //! The same round trip reads the store's replay epoch (`SET epoch now NX GET`: whoever finds it missing, a Redis
 //! restarted empty, starts it): a message whose freshness evidence is not newer than the epoch may have been
 //! accepted before the store lost its memory, and is refused.
@@ -64,7 +64,7 @@ impl Default for Stores {
     }
 }
 
-/// The message's freshness evidence and the key of the store's epoch (filters/replay.py): the message passes only
+/// The message's freshness evidence and the key of the store's epoch (filters/engine/wss/replay.py): the message passes only
 /// if `since_ms` is newer than the epoch.
 pub struct Epoch<'a> {
     pub key: &'a [u8],

@@ -26,7 +26,7 @@ use crate::counters::{self, Outcome, Phase};
 use crate::replay::{Epoch, Sight, Stores};
 use crate::table::{Refusal, Route, Table};
 
-/// The gRPC metadata naming the route (gateway/envoy_config.py sets it per route).
+/// The gRPC metadata naming the route (gateway/control/envoy_config.py sets it per route).
 const ROUTE_METADATA: &str = "x-wsgate-route";
 /// Headers a client must never set itself: the gateway vouches for them.
 const GATEWAY_HEADER_PREFIX: &str = "x-wsgate-";

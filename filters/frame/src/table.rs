@@ -1,5 +1,5 @@
 //! What the Python side installs at start and on every reload: the XML routes' limits and the headers the gateway
-//! vouches for, and the fault bodies the frame answers with (rendered by filters/faults.py, so Rust only copies
+//! vouches for, and the fault bodies the frame answers with (rendered by filters/engine/faults.py, so Rust only copies
 //! bytes).
 
 use std::collections::HashMap;

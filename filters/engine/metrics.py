@@ -1,0 +1,109 @@
+"""Prometheus metrics of a filter worker's engine: requests, fault reasons, replays, optimizations, per-stage
+timings. The frame's own counters and the body budget join them on the same endpoint (filters/worker.py)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from prometheus_client import Counter, Histogram
+
+from gateway.policy import Route
+
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", Counter, Histogram)
+
+REQUESTS = Counter("wsgate_requests", "Exchanges processed by the filter", ["route", "profile", "phase", "outcome"])
+FAULTS = Counter("wsgate_faults", "Refusals by precise reason code", ["route", "profile", "reason"])
+REPLAYS = Counter("wsgate_replays", "Replayed messages refused", ["route", "profile"])
+OPTIMIZATIONS = Counter(
+    "wsgate_optimizations",
+    "What the signature optimizations did (gateway.policy.Optimizations): hits, misses, fallbacks to xmlsec",
+    ["route", "profile", "optimization", "outcome"],
+)
+STAGE = Histogram(
+    "wsgate_stage_seconds",
+    "Time per processing stage",
+    ["route", "profile", "stage"],
+    buckets=(5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5),
+)
+
+
+class stage:
+    """Times a stage of the filter's work as `wsgate_stage_seconds`, exclusive of the stages inside it: the
+    pipeline opens parse, security_header, secure and serialize for its route; the engine's modules open the
+    finer ones (decrypt, c14n, digest, signature_check, signature_creation, encryption) inside those, with no
+    route (they inherit the enclosing stage's). Outside any pipeline stage (the client, tests) nothing is
+    recorded. One clock per worker (the engine is synchronous): each entry or exit charges the time since the
+    last one to the innermost open stage, and when the pipeline stage closes each stage kind it saw is observed
+    once with its sum (six C14N runs in one response: one c14n observation)."""
+
+    __slots__ = ("name", "route")
+
+    def __init__(self, route: Route | None, name: str) -> None:
+        self.route = route
+        self.name = name
+
+    def __enter__(self) -> None:
+        _enter(self.name, self.route)
+
+    def __exit__(self, *exc: object) -> None:
+        _exit()
+
+
+_open: list[str] = []  # the open stages' names, innermost last
+_spent: dict[str, float] = {}  # seconds per stage name since the pipeline stage opened
+_clock: list[float] = [0.0]  # the last entry or exit
+_route: list[Route | None] = [None]  # the pipeline stage's route
+
+
+def _enter(name: str, route: Route | None) -> None:
+    now = time.perf_counter()
+    if _open:
+        top = _open[-1]
+        _spent[top] = _spent.get(top, 0.0) + now - _clock[0]
+    else:
+        _route[0] = route
+        _spent.clear()
+    _open.append(name)
+    _clock[0] = now
+
+
+def _exit() -> None:
+    now = time.perf_counter()
+    name = _open.pop()
+    _spent[name] = _spent.get(name, 0.0) + now - _clock[0]
+    _clock[0] = now
+    route = _route[0]
+    if not _open and route is not None:
+        for kind, spent in _spent.items():
+            series(STAGE, route.name, route.profile, kind).observe(spent)
+
+
+@functools.cache
+def series(metric: M, *labels: str) -> M:
+    """One labelled child of `metric`, looked up once: prometheus_client's labels() costs more than an observe,
+    and the label values (routes, profiles, stages, outcomes) are few."""
+    return metric.labels(*labels)
+
+
+def timed(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A function of the engine timed as the (inner) stage `name`."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def timed_fn(*args: P.args, **kwargs: P.kwargs) -> R:
+            if not _open:  # outside any pipeline stage (the client, tests): nothing to record
+                return fn(*args, **kwargs)
+            _enter(name, None)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _exit()
+
+        return timed_fn
+
+    return wrap

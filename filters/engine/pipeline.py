@@ -1,0 +1,84 @@
+"""What one route does to an exchange: the `xml` profile's pipeline, which the secured profiles extend
+(filters/engine/profiles.py), and what an exchange carries from its request to its response."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from filters.engine import faults, metrics
+from filters.engine.wss.replay import DeferredKey
+from filters.engine.xml import charset, schema_validation, wsdl
+from filters.engine.xml.soap import Envelope
+from filters.engine.xml.threat_protection import parse_envelope
+from gateway.policy import Route
+
+
+@dataclass
+class Exchange:
+    """What one HTTP exchange carries from the request to the response side."""
+
+    route: Route
+    soap_version: str | None = None  # known once the request envelope parsed
+    security: object | None = None  # the security context the response is secured for (hmac key, requester cert)
+
+
+@dataclass
+class Outcome:
+    body: bytes | None  # None: pass the body on unchanged
+    set_headers: dict[str, str] = field(default_factory=dict)
+    answer: bool = False  # the gateway answers this request itself with `body` (e.g. WS-Trust); no backend
+    # Replay keys the caller must set before it answers (a deferred replay store): all new, or the key's fault.
+    replay: list[DeferredKey] = field(default_factory=list)
+    replay_since_ms: int = 0  # the message's freshness evidence, to compare with the store's epoch
+
+
+def forward(env: Envelope, received_type: str | None, body: bytes | None = None, **headers: str) -> Outcome:
+    """Pass a message on: `body` (the gateway's UTF-8 serialization of `env`), or None for the bytes as they came.
+    The Content-Type names the encoding of the bytes the next hop gets, whatever the sender's label said (a
+    backend that trusted a stale label would read other characters than the gateway checked). Responses pass
+    None for `received_type`: the SOAP version's media type."""
+    encoding = env.encoding if body is None else "utf-8"
+    content_type = charset.content_type(received_type, encoding, env.version)
+    return Outcome(body=body, set_headers={**headers, "content-type": content_type})
+
+
+class RoutePipeline:
+    """The `xml` profile: threat protection both ways, bodies passed on untouched.
+
+    Secured profiles extend the request and response stages."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        try:
+            self.schema = schema_validation.for_route(route)
+        except wsdl.DocumentError as exc:
+            raise faults.server(f"route {route.name}: {exc}") from None
+
+    def request(self, body: bytes, headers: Mapping[str, str], ex: Exchange) -> Outcome:
+        with metrics.stage(self.route, "parse"):
+            env = parse_envelope(body, self.route.limits)
+        ex.soap_version = env.version
+        self.validate(env, request=True)
+        return forward(env, headers.get("content-type"))
+
+    def response(self, body: bytes, ex: Exchange) -> Outcome:
+        env = self.parse_response(body)
+        self.validate(env, request=False)
+        return forward(env, None)
+
+    def validate(self, env: Envelope, request: bool) -> None:
+        """The payload against the route's schema, where the policy asks (a backend's fault is not validated)."""
+        sv = self.route.schema_validation
+        if self.schema is None or not (sv.requests if request else sv.responses) or (not request and env.is_fault()):
+            return
+        with metrics.stage(self.route, "schema"):
+            self.schema.check(env.body, request)
+
+    def parse_response(self, body: bytes) -> Envelope:
+        try:
+            with metrics.stage(self.route, "parse"):
+                return parse_envelope(body, self.route.response_limits)
+        except faults.Fault as fault:
+            # A backend that answers something other than SOAP is the backend's fault, not the client's.
+            raise faults.server(f"backend response refused: {fault.reason}", status=502) from None

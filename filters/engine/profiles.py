@@ -1,0 +1,346 @@
+"""The secured profiles on the gateway side: `rsa` (X.509), `hmac` (pre-shared or symmetric-binding keys) and
+`secureconversation` (contexts issued by the gateway itself, bootstrapped like `rsa`).
+
+Everything a route needs is loaded once, when the policy is: keys, certificates, the trust store, users, the
+replay store, the response signer. The hot path only parses, verifies, secures and serializes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from cryptography import x509
+from lxml import etree
+
+from filters.engine import faults, metrics, ns
+from filters.engine.conversation import ws_trust
+from filters.engine.conversation.contexts import ContextStore, store_resolver
+from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
+from filters.engine.wss import encryption, keys, signature, wssecurity
+from filters.engine.wss import secure_conversation as sc
+from filters.engine.wss import wssecurity_sending as sending
+from filters.engine.wss.keys import RevocationCheck
+from filters.engine.wss.optimizations import Optimizations
+from filters.engine.wss.replay import DeferredReplay, ReplayCache
+from filters.engine.wss.username_token import FailureThrottle, Users
+from filters.engine.xml import header_blocks
+from filters.engine.xml.soap import Envelope
+from filters.engine.xml.threat_protection import check_structure, parse_envelope
+from gateway.policy import Route
+
+RESPONSE_TIMESTAMP_TTL_S = 300
+
+
+class Stores(Protocol):
+    """What a secured route keeps outside the engine, built for it by the caller (filters/stores/factory.py: the
+    filter worker's Redis or memory stores, the client's memory ones). Called once per pipeline build."""
+
+    def replay(self, route: Route) -> ReplayCache | DeferredReplay:
+        """Where nonces and signature values are remembered."""
+        ...
+
+    def failure_throttle(self, route: Route) -> FailureThrottle:
+        """Failed UsernameToken checks per user."""
+        ...
+
+    def contexts(self, route: Route) -> ContextStore:
+        """Where the route's security contexts live (`secureconversation`)."""
+        ...
+
+    def revocation(self, route: Route, issuers: Sequence[x509.Certificate]) -> RevocationCheck:
+        """The signer's revocation status (route.rsa.revocation, mode not "off")."""
+        ...
+
+
+# What secures a message: the signature, the encryption, tokens to put first in the header.
+ResponseSecurity = tuple[sending.SignWith | None, sending.EncryptFor | None, tuple[etree._Element, ...]]
+
+
+class SecuredPipeline(RoutePipeline):
+    """Inbound: threat protection, then the Security header in the sender's order, then plain SOAP out.
+    Outbound: the mirror image, the response signed (and encrypted) for the requester."""
+
+    def __init__(self, route: Route, stores: Stores) -> None:
+        super().__init__(route)
+        self.requirements = wssecurity.Requirements(
+            timestamp=route.timestamp,
+            signature=route.signature,
+            encryption=route.encryption,
+            username_token=route.username_token,
+            signer="symmetric" if route.profile == "hmac" else "x509",
+            body_encrypted=route.encryption.require_request,
+            limits=route.limits,
+            anonymous=route.profile != "hmac" or route.hmac.allow_anonymous,
+        )
+        self.optimizations = Optimizations.for_route(route)
+        self.credentials = wssecurity.Credentials(
+            users=Users.load(route.username_token.users_file, throttle=stores.failure_throttle(route))
+            if route.username_token.users_file
+            else None,
+            replay=stores.replay(route),
+            optimizations=self.optimizations,
+        )
+        x509 = route.profile != "hmac"
+        opts = route.rsa if x509 else route.hmac
+        if Path(opts.decryption_key).exists():
+            self.credentials.decryption_key = keys.load_private_key(opts.decryption_key)
+        elif x509 and route.encryption.require_request:
+            raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
+        if x509:
+            self.credentials.trust = _trust_store(route, stores)
+            self.credentials.known_certificates = keys.load_certificates(route.rsa.known_certificates)
+            self.certificate = keys.load_certificate(route.rsa.certificate)
+            self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
+        elif route.hmac.keys_file:
+            self.credentials.psk = keys.load_hmac_keys(route.hmac.keys_file)
+
+    def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
+        route = self.route
+        with metrics.stage(route, "parse"):
+            env = parse_envelope(body, route.limits)
+        ex.soap_version = env.version
+        with metrics.stage(route, "security_header"):
+            verified = wssecurity.process(env, self.requirements, self.credentials, datetime.now(UTC))
+        # Decrypted content is new XML: the envelope must still be one Envelope with one Body.
+        check_structure(env.root)
+        return self.deliver(env, verified, verified.subject, headers, ex)
+
+    def deliver(
+        self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
+    ) -> Outcome:
+        """The verified request as the backend gets it: unsigned header blocks handled as the route says, and
+        who sent it in the identity header."""
+        route = self.route
+        self.validate(env, request=True)  # the Security header gone, the Body's wsu:Id stripped
+        header_blocks.enforce(env, verified.covers, route.unsigned_headers, headers)
+        ex.security = verified
+        out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
+        with metrics.stage(route, "serialize"):
+            out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
+        out.replay = verified.replay_keys
+        out.replay_since_ms = verified.replay_since_ms
+        return out
+
+    def response(self, body: bytes, ex: Exchange) -> Outcome:
+        route = self.route
+        env = self.parse_response(body)
+        self.validate(env, request=False)
+        if env.is_fault() and not route.secure_faults:
+            return forward(env, None)
+        assert isinstance(ex.security, wssecurity.Verified)
+        sign, encrypt, tokens = self.response_security(ex.security)
+        with metrics.stage(route, "secure"):
+            self.secure(env, datetime.now(UTC), sign, encrypt, tokens)
+        with metrics.stage(route, "serialize"):
+            return forward(env, None, env.serialize())
+
+    def secure(
+        self,
+        env: Envelope,
+        now: datetime,
+        sign: sending.SignWith | None,
+        encrypt: sending.EncryptFor | None,
+        tokens: tuple[etree._Element, ...],
+    ) -> None:
+        """Secure a reply; its Signature encrypted with its Body where the policy says (encrypt_signature)."""
+        encrypt_signature = self.route.encryption.encrypt_signature and sign is not None and encrypt is not None
+        # The reply's WS-Addressing headers signed where the published policy's SignedParts name them (the route
+        # signs addressing; a SecureConversation bootstrap always does): Metro refuses a reply without them.
+        route = self.route
+        parts = ("body", "timestamp")
+        if "addressing" in route.signature.parts or route.profile == "secureconversation":
+            parts += ("addressing",)
+        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, sign_parts=parts,
+                       encrypt=encrypt, tokens=tokens, encrypt_signature=encrypt_signature)  # fmt: skip
+
+    def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
+        """How to secure the response to a request that established `verified`."""
+        route = self.route
+        algorithm = route.encryption.response_algorithm
+        if route.profile != "hmac":
+            sign = None
+            if route.rsa.sign_response:
+                bst_id = sending.new_id("X509")
+                sign = sending.SignWith(
+                    signer=self.signer,
+                    key_info=lambda: keys.str_reference(bst_id, ns.X509V3),
+                    certificate=self.certificate,
+                    optimizations=self.optimizations,
+                )
+            encrypt = None
+            if route.encryption.encrypt_response:
+                if verified.signer_certificate is None:
+                    raise faults.server("no requester certificate to encrypt the response for")
+                encrypt = sending.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
+            return sign, encrypt, ()
+        secret, ref = verified.symmetric_key, verified.key_reference
+        if secret is None or ref is None:
+            raise faults.server("no request key to secure the response with")
+        key_info = _key_info_for(ref)
+        sign = None
+        if route.hmac.sign_response:
+            algorithm_used = _hmac_algorithm(route, verified.signature_algorithm)
+            sign = sending.SignWith(signer=signature.Signer(secret, algorithm_used, _digest(route)),
+                                       key_info=key_info, optimizations=self.optimizations)  # fmt: skip
+        encrypt = None
+        if route.encryption.encrypt_response:
+            encrypt = sending.EncryptFor(
+                algorithm=_sized(algorithm, len(secret)), secret=secret, secret_key_info=key_info
+            )
+        return sign, encrypt, ()
+
+
+class SecureConversationPipeline(SecuredPipeline):
+    """`secureconversation`: the gateway issues and cancels security contexts itself (WS-Trust RST, never seen by
+    the backend); ordinary messages must be signed with keys derived from a live context.
+
+    The Issue request is checked like an `rsa` request (X.509 signature from a trusted client). Contexts live
+    where the route says: sealed into the token (no gateway memory), in memory (bounded), or in Redis."""
+
+    def __init__(self, route: Route, stores: Stores) -> None:
+        super().__init__(route, stores)
+        self.store = stores.contexts(route)
+        self.in_context = replace(self.requirements, signer="context")
+        self.context_credentials = replace(
+            self.credentials, contexts=lambda now, local: store_resolver(self.store, now, local)
+        )
+
+    def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
+        route = self.route
+        with metrics.stage(route, "parse"):
+            env = parse_envelope(body, route.limits)
+        ex.soap_version = env.version
+        security = wssecurity.find_security(env)
+        in_context = security is not None and any(sc.is_dkt(c) for c in security.iterchildren())
+        now = datetime.now(UTC)
+        with metrics.stage(route, "security_header"):
+            if in_context:
+                verified = wssecurity.process(env, self.in_context, self.context_credentials, now)
+            else:
+                verified = wssecurity.process(env, self.requirements, self.credentials, now)
+        check_structure(env.root)
+        rst = ws_trust.find_rst(env)
+        if rst is not None:
+            # Issue and Cancel change the context store: their replay keys are settled first, here (rare messages).
+            if isinstance(self.credentials.replay, DeferredReplay):
+                self.credentials.replay.settle(verified.replay_keys, verified.replay_since_ms)
+            return self._answer(ws_trust.parse_rst(rst), env, verified, headers, now)
+        if verified.context is None:
+            raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")
+        return self.deliver(env, verified, verified.context.subject, headers, ex)
+
+    def _answer(
+        self, rst: ws_trust.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime
+    ) -> Outcome:
+        route = self.route
+        relates_to = ws_trust.message_id(env)
+        if rst.request_type == "issue":
+            if verified.context is not None or verified.signer_certificate is None or verified.subject is None:
+                raise faults.security("InvalidSecurity", "an Issue request must be signed with an X.509 certificate")
+            # Client entropy is only secret if nobody could read it on the way: encrypted Body or TLS (Envoy writes
+            # x-forwarded-proto itself: the client's is dropped before routing, gateway/control/envoy_config.py).
+            confidential = verified.decrypted_body or headers.get("x-forwarded-proto") == "https"
+            answer = ws_trust.answer_issue(
+                rst, self.store, verified.signer_certificate, verified.subject, now, entropy_confidential=confidential
+            )
+            reply = ws_trust.envelope(
+                env.version, answer.response, action=rst.version.issue_reply_action, relates_to=relates_to
+            )
+            sign, encrypt, tokens = self.response_security(verified)
+            if encrypt is None and (answer.key_in_body or verified.decrypted_body):
+                # The key travels in this Body (or the client protected its own entropy: so is the issuer's).
+                algorithm = route.encryption.response_algorithm
+                encrypt = sending.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
+        else:
+            if verified.context is None:
+                raise faults.security("InvalidSecurity", "a Cancel request must be signed with the context's keys")
+            rstr = ws_trust.answer_cancel(rst, self.store, verified.context, now)
+            reply = ws_trust.envelope(env.version, rstr, action=rst.version.cancel_reply_action, relates_to=relates_to)
+            sign, encrypt, tokens = self.response_security(verified)
+        with metrics.stage(route, "secure"):
+            self.secure(reply, now, sign, encrypt, tokens)
+        return Outcome(body=reply.serialize(), answer=True)
+
+    def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
+        if verified.context is None:  # the reply to an Issue request: as on an `rsa` route
+            return super().response_security(verified)
+        return context_security(
+            verified.context, self.route, encrypt=self.route.encryption.encrypt_response,
+            optimizations=self.optimizations, algorithm=verified.signature_algorithm,
+        )  # fmt: skip
+
+
+def context_security(
+    ctx: sc.Context,
+    route: Route,
+    *,
+    encrypt: bool,
+    optimizations: Optimizations | None = None,
+    algorithm: str | None = None,
+) -> ResponseSecurity:
+    """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this. `algorithm`:
+    the request's signature algorithm, answered in where the route allows it."""
+    keys_ = sc.message_keys(ctx)
+    dk = ctx.version.dk_token_type
+    signing, encrypting = keys_.signing, keys_.encryption
+    sign = sending.SignWith(
+        signer=signature.Signer(signing.key, _hmac_algorithm(route, algorithm), _digest(route)),
+        key_info=lambda: keys.str_reference(signing.id, dk),
+        optimizations=optimizations,
+    )
+    enc = None
+    if encrypt:
+        algorithm = _sized(route.encryption.response_algorithm, len(encrypting.key))
+        enc = sending.EncryptFor(
+            algorithm=algorithm, secret=encrypting.key, secret_key_info=lambda: keys.str_reference(encrypting.id, dk)
+        )
+    return sign, enc, (signing.element, encrypting.element) if encrypt else (signing.element,)
+
+
+def _trust_store(route: Route, stores: Stores) -> keys.TrustStore:
+    """The X.509 signer's trust (`rsa`, and the `secureconversation` bootstrap): anchors, intermediates,
+    allow-list, revocation."""
+    opts = route.rsa
+    anchors = keys.load_certificates(opts.trust_anchors)
+    intermediates = keys.load_certificates(opts.intermediates)
+    checker = None
+    if opts.revocation.mode != "off":
+        checker = stores.revocation(route, [*anchors, *intermediates])
+    return keys.TrustStore(anchors, opts.allowed_subjects, intermediates=intermediates, revocation=checker)
+
+
+def _key_info_for(ref: keys.KeyRef) -> Callable[[], etree._Element]:
+    if ref.kind == "key_name":
+        return lambda: keys.str_pre_shared_key(ref.value)
+    if ref.kind == "encrypted_key_sha1":
+        return lambda: keys.str_key_identifier(ns.ENCKEY_SHA1, ref.value)
+    raise faults.server(f"cannot name a {ref.kind} key back to the requester")
+
+
+def _sized(algorithm: str, key_size: int) -> str:
+    """The response algorithm's mode at the size of the request's key (Basic128 clients send 16 bytes)."""
+    mode = algorithm.split("-", 1)[1]
+    sized = f"aes{key_size * 8}-{mode}"
+    if sized not in encryption.DATA_ALGORITHMS:
+        raise faults.server(f"no {mode} algorithm for a {key_size}-byte request key")
+    return sized
+
+
+def _rsa_algorithm(route: Route) -> str:
+    return next((a for a in route.signature.algorithms if a.startswith("rsa")), "rsa-sha256")
+
+
+def _hmac_algorithm(route: Route, used: str | None = None) -> str:
+    """The request's HMAC algorithm where the route allows it (a client that signed HMAC-SHA1, as Metro and every
+    SP suite do, may verify nothing else), else the route's first."""
+    allowed = [a for a in route.signature.algorithms if a.startswith("hmac")]
+    if used in allowed:
+        return used
+    return allowed[0] if allowed else "hmac-sha256"
+
+
+def _digest(route: Route) -> str:
+    return route.signature.digests[0]

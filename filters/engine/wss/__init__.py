@@ -1,0 +1,1 @@
+"""WS-Security: tokens, timestamps, signatures, encryption, keys and the replay rule, inbound and outbound."""

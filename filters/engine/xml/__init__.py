@@ -1,0 +1,1 @@
+"""XML hygiene: parsing limits, canonicalization, charsets, namespaces, SOAP envelopes, WSDL and schemas."""

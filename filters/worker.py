@@ -1,0 +1,287 @@
+"""A filter worker: the compiled ext_proc frame serves Envoy, the engine does the XML work; this is the glue.
+
+The frame (filters/frame, the `wsgate_frame` module: Rust, tonic, tokio) answers the header phases itself from the
+route table given here at start and on reload: 405 for other methods, 411 without a body, 413 (502 for a backend
+response) for a declared length over the route's limit, the removal of the headers the gateway vouches for, and
+the body budget (503, busy). Each body phase is one call, `Worker.handle`: bytes and headers in; status, body,
+headers and the replay keys out: a route whose replay store is Redis has the frame set those keys (SET NX, one
+pipelined round trip, off this thread) before it answers; `replay_refused` gives the fault when one was there.
+The engine knows nothing of gRPC; this module knows nothing of XML. One process per core (`wsgate
+up` starts them); Envoy balances over them."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import wsgate_frame
+from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
+
+from filters.engine import faults, metrics
+from filters.engine.engine import Engine, Exchange, RoutePipeline, fault_soap_version
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss.replay import DeferredKey, before_epoch
+from filters.engine.xml.xmlsupport import check_libxml2
+from filters.stores.factory import RouteStores
+from filters.stores.replay import EPOCH_KEY, DeferredRedisReplay
+from gateway.policy import (
+    DEFAULT_BODY_BUDGET_MB,
+    GRACE_SECONDS,
+    MAX_BODY_BYTES,
+    PolicyError,
+    check_body_budget,
+    load_dir,
+)
+
+log = logging.getLogger("wsgate.filter")
+
+# The largest body any policy may allow, not the current policies' largest: a worker's gRPC limits are fixed when
+# it starts, and a reload that raises a route's limit must not fail its larger messages until a restart.
+# The body budget and Envoy's per-route buffers bound what actually arrives.
+MAX_MESSAGE_BYTES = MAX_BODY_BYTES + 64 * 1024
+
+# What the frame refuses by itself (a fixed set: filters/frame/src/table.rs), as the client sees it. The frame
+# reports the precise reason, which replaces these for the log and the metrics.
+REFUSALS: dict[str, faults.Fault] = {
+    "method": faults.client("method not POST", "Only SOAP POST requests are accepted", status=405),
+    "no_body": faults.client("request without a body", "A SOAP request needs a body", status=411),
+    "too_large": faults.client("body too large", status=413),
+    "bad_length": faults.client("content-length not a number"),
+    "response_too_large": faults.server("backend response refused: body too large", status=502),
+    "busy": faults.server("busy", message="Service unavailable", status=503),
+    "no_route": faults.server("no XML policy for route"),
+    "internal": faults.server("internal error"),
+}
+
+# The frame's table: {route: (max request body, max response body, identity header)}, {refusal: rendered fault}.
+Table = tuple[dict[str, tuple[int, int, str | None]], dict[str, tuple[int, str, bytes, str, bytes]]]
+# The replay keys the frame sets before it answers: the store's Redis URL, [(Redis key, TTL in ms)], and the
+# epoch's key with the message's freshness evidence (ms): the message passes only if it is newer than the epoch.
+ReplayCheck = tuple[str, list[tuple[bytes, int]], tuple[bytes, int]]
+# What a body phase answers: (0: pass on | an HTTP status to answer with, body or None: unchanged, headers to set,
+# the exchange for the response phase, the replay check or None).
+Answer = tuple[int, bytes | None, list[tuple[str, str]], "Pending", ReplayCheck | None]
+
+
+def _rendered(fault: faults.Fault) -> tuple[int, str, bytes, str, bytes]:
+    v11, v12 = "1.1", "1.2"
+    return (fault.http_status, faults.content_type(v11), faults.render(fault, v11), faults.content_type(v12),
+            faults.render(fault, v12))  # fmt: skip
+
+
+FAULT_TABLE = {kind: _rendered(fault) for kind, fault in REFUSALS.items()}
+
+
+@dataclass(slots=True)
+class Pending:
+    """One exchange between its request body and its response body (the frame keeps it in between)."""
+
+    headers: dict[str, str]
+    pipeline: RoutePipeline | None = None  # in-flight exchanges keep the pipeline they started with
+    exchange: Exchange | None = None
+    label: tuple[str, str] = ("?", "?")
+    replay: list[DeferredKey] = field(default_factory=list)  # the keys the frame sets, with their refusals
+
+
+class Worker:
+    """What the frame calls back: `handle` per body phase, `refused` per refusal of its own, `replay_refused` when
+    its replay check refuses, `reload` on SIGHUP, `ready` once it listens. Everything runs on the worker's one
+    thread, one call at a time."""
+
+    def __init__(self, policies_dir: Path, budget_bytes: int, ready_file: Path | None = None) -> None:
+        self.policies_dir = policies_dir
+        self.budget_bytes = budget_bytes
+        self.ready_file = ready_file
+        self.engine = self._load()
+        self.routes = set(self.engine.pipelines)  # the policies' own routes (without those kept from before)
+        self.reloads = 0
+
+    def _load(self) -> Engine:
+        return Engine(check_body_budget(load_dir(self.policies_dir), self.budget_bytes), RouteStores(defer_replay=True))
+
+    def table(self) -> Table:
+        routes = {
+            name: (p.route.limits.max_body_bytes, p.route.response_limits.max_body_bytes, p.route.identity_header)
+            for name, p in self.engine.pipelines.items()
+        }
+        return routes, FAULT_TABLE
+
+    def ready(self) -> None:
+        """Called once the worker listens, and after each reload once its table is installed: the ready file says
+        how many reloads are behind it (the supervisor waits for a reload before Envoy routes to new routes)."""
+        if not self.reloads:
+            log.info("filter worker ready (compiled ext_proc frame)")
+        if self.ready_file is not None:
+            tmp = self.ready_file.with_name(self.ready_file.name + ".tmp")
+            tmp.write_text(f"{os.getpid()} {self.reloads}")
+            os.replace(tmp, self.ready_file)
+
+    def reload(self) -> Table | None:
+        self.reloads += 1
+        try:
+            engine = self._load()
+        except (PolicyError, OSError, faults.Fault) as exc:
+            log.error("policy reload refused, keeping the running policies: %s", exc)
+            return None
+        # A route this reload drops stays until the next one: the workers reload before Envoy, whose draining
+        # listeners may still send it requests for a few seconds (gateway/envoy_delivery.py). Envoy alone names
+        # the route of an exchange, and no longer names this one once it has drained.
+        routes = set(engine.pipelines)
+        for name in self.routes - routes:
+            engine.pipelines[name] = self.engine.pipelines[name]
+        self.engine, self.routes = engine, routes
+        log.info("policies reloaded from %s", self.policies_dir)
+        return self.table()
+
+    def _label(self, route_name: str) -> tuple[str, str]:
+        pipeline = self.engine.pipelines.get(route_name)
+        return (pipeline.route.name, pipeline.route.profile) if pipeline else ("?", "?")
+
+    def refused(self, route_name: str, phase: str, kind: str, reason: str) -> None:
+        self._count(replace(REFUSALS[kind], reason=reason), self._label(route_name), phase, route_name)
+
+    def _count(self, fault: faults.Fault, label: tuple[str, str], phase: str, route_name: str) -> None:
+        reason = faults.metric_reason(fault)
+        metrics.series(metrics.REQUESTS, *label, phase, "fault").inc()
+        metrics.series(metrics.FAULTS, *label, reason).inc()
+        if fault.reason.startswith("replay"):
+            metrics.series(metrics.REPLAYS, *label).inc()
+        log.warning("refused route=%s phase=%s code=%s reason=%s", route_name, phase, reason, fault.reason)
+
+    def handle(
+        self, route_name: str, phase: str, body: bytes, headers: dict[str, str] | None, pending: Pending | None
+    ) -> Answer:
+        """The one call from the frame into the engine. Never raises: a fault is an answer, and so is a bug (a
+        generic fault: fail closed, the traceback only in the log)."""
+        p = pending or Pending(headers or {})
+        try:
+            if p.pipeline is None:
+                p.pipeline = self.engine.pipeline(route_name)
+                p.exchange = Exchange(route=p.pipeline.route)
+                p.label = (p.pipeline.route.name, p.pipeline.route.profile)
+            assert p.exchange is not None
+            if phase == "request":
+                out = p.pipeline.request(body, p.headers, p.exchange)
+            else:
+                out = p.pipeline.response(body, p.exchange)
+            check = None
+            if out.replay:
+                p.replay = out.replay
+                epoch = (EPOCH_KEY, out.replay_since_ms)
+                check = (_replay_url(p.pipeline), [(k.name, k.px) for k in out.replay], epoch)
+            metrics.series(metrics.REQUESTS, *p.label, phase, "ok").inc()
+        except faults.Fault as fault:
+            self._count(fault, p.label, phase, route_name)
+            return self._fault(fault, p)
+        except Exception:
+            log.exception("internal error on route %s", route_name)
+            metrics.series(metrics.REQUESTS, *p.label, phase, "error").inc()
+            return self._fault(REFUSALS["internal"], p)
+        if out.answer:
+            assert out.body is not None
+            return 200, out.body, [("content-type", faults.content_type(fault_soap_version(p.exchange, {})))], p, check
+        return 0, out.body, list(out.set_headers.items()), p, check
+
+    def replay_refused(self, route_name: str, pending: Pending, index: int, detail: str) -> Answer:
+        """The frame found `pending.replay[index]` already set (a replay), the message not newer than the store's
+        epoch (index -2, `detail`: the epoch and the evidence in ms), or could not ask Redis (index -1, fail
+        closed): the refusal, counted and logged as the engine's own."""
+        if 0 <= index < len(pending.replay):
+            fault = pending.replay[index].fault
+        elif index == -2:
+            epoch, since = (int(v) for v in detail.split())
+            fault = before_epoch(since, epoch)
+        else:
+            fault = faults.server(f"replay store unavailable: {detail}")
+        pending.replay = []
+        self._count(fault, pending.label, "request", route_name)
+        return self._fault(fault, pending)
+
+    @staticmethod
+    def _fault(fault: faults.Fault, p: Pending) -> Answer:
+        version = fault_soap_version(p.exchange, p.headers)
+        headers = [("content-type", faults.content_type(version))]
+        return fault.http_status, faults.render(fault, version), headers, p, None
+
+
+def _replay_url(pipeline: RoutePipeline) -> str:
+    """Only a deferred store's keys come out of the engine: any other pipeline here is a bug (an internal fault)."""
+    assert isinstance(pipeline, SecuredPipeline) and isinstance(pipeline.credentials.replay, DeferredRedisReplay)
+    return pipeline.credentials.replay.url
+
+
+class FrameCollector:
+    """The frame's own counters and the body budget, on the worker's /metrics beside the engine's metrics."""
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        c = wsgate_frame.counters()
+        yield GaugeMetricFamily("wsgate_body_bytes_in_flight", "Body bytes reserved by the exchanges in flight",
+                                value=c["body_bytes_in_flight"])  # fmt: skip
+        yield GaugeMetricFamily("wsgate_body_budget_bytes", "The worker's budget of body bytes in flight",
+                                value=c["body_budget_bytes"])  # fmt: skip
+        yield CounterMetricFamily(
+            "wsgate_frame_streams", "ext_proc streams (HTTP exchanges) opened", value=c["streams"]
+        )
+        yield GaugeMetricFamily("wsgate_frame_streams_active", "ext_proc streams open now", value=c["streams_active"])
+        phases = CounterMetricFamily(
+            "wsgate_frame_phases",
+            "ext_proc phases by outcome: passed or refused by the frame, handed to the engine, or the call failed",
+            labels=["phase", "outcome"],
+        )
+        for phase, outcome, n in c["phases"]:
+            phases.add_metric([phase, outcome], n)
+        yield phases
+        refusals = CounterMetricFamily("wsgate_frame_refusals", "Exchanges the frame refused itself", labels=["reason"])
+        for reason, n in c["refusals"]:
+            refusals.add_metric([reason], n)
+        yield refusals
+        checks = CounterMetricFamily(
+            "wsgate_frame_replay_checks",
+            "Replay checks the frame made for the engine (Redis stores): every key new, one seen before, no answer",
+            labels=["outcome"],
+        )
+        for outcome, n in c["replay_checks"]:
+            checks.add_metric([outcome], n)
+        yield checks
+
+
+def serve(
+    policies_dir: Path, listen: str, metrics_port: int | None, ready_file: Path | None = None,
+    body_budget_bytes: int = DEFAULT_BODY_BUDGET_MB * 1024 * 1024,
+) -> None:  # fmt: skip
+    worker = Worker(policies_dir, body_budget_bytes, ready_file)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        REGISTRY.register(FrameCollector())
+        start_http_server(metrics_port, addr="127.0.0.1" if listen.startswith("127.") else "0.0.0.0")
+    log.info("filter worker listening on %s", listen)
+    try:
+        wsgate_frame.serve(worker, listen, worker.table(), body_budget_bytes, MAX_MESSAGE_BYTES, GRACE_SECONDS)
+    except OSError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="wsgate filter", description="Run one ext_proc filter worker.")
+    parser.add_argument("--policies", type=Path, default=Path("policies"))
+    parser.add_argument("--listen", default="127.0.0.1:9100")
+    parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--ready-file", type=Path, help="written once the worker accepts exchanges")
+    parser.add_argument("--body-budget-mb", type=int, default=DEFAULT_BODY_BUDGET_MB,
+                        help="body bytes in flight this worker admits; beyond: 503 (filters/frame)")  # fmt: skip
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    check_libxml2()
+    serve(args.policies, args.listen, args.metrics_port, args.ready_file, args.body_budget_mb * 1024 * 1024)
+
+
+if __name__ == "__main__":
+    main()

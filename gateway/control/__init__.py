@@ -1,0 +1,2 @@
+"""The control plane: the `wsgate` CLI, the supervisor, Envoy's and Kubernetes' configuration, the WSDLs
+served on ?wsdl."""
