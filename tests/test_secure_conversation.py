@@ -1183,7 +1183,7 @@ def test_issue_sent_unencrypted_gets_its_key_only_in_an_encrypted_body(pki: Path
     doc["upstream"] = {"address": "127.0.0.1:1"}
     route = Route.model_validate(doc)
     assert not route.encryption.encrypt_response
-    pl = SecureConversationPipeline(route)
+    pl = SecureConversationPipeline(route, RouteStores())
     client = Client(route, ClientConfig(certs=pki, encrypt=False))
     entropy = os.urandom(32)
     env = ws_trust.envelope("1.1", ws_trust.build_issue_rst(V, entropy=entropy), action=V.issue_action)
