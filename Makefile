@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml $(FRAME_STAMP)
 	touch $(STAMP)
 
 # Release build, pinned by Cargo.lock; rebuilt when the crate changes.
-$(FRAME_STAMP): $(FRAME)/Cargo.toml $(FRAME)/Cargo.lock $(FRAME)/pyproject.toml $(wildcard $(FRAME)/src/*.rs)
+$(FRAME_STAMP): $(FRAME)/Cargo.toml $(FRAME)/Cargo.lock $(FRAME)/pyproject.toml $(FRAME)/wsgate_frame.pyi $(wildcard $(FRAME)/src/*.rs)
 	@command -v cargo >/dev/null || { echo "cargo not found: the filter workers' frame needs a Rust toolchain (README)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -53,10 +53,14 @@ test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
 
+# Besides ruff and cargo: the frame/engine contract, the compiled frame against its stub (stubtest) and the glue
+# against the stub (mypy).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports  # the layers and no import circle: [tool.importlinter] in pyproject.toml
+	$(BIN)/python -m mypy.stubtest wsgate_frame --allowlist $(FRAME)/stubtest-allowlist.txt
+	$(BIN)/mypy filters/worker.py
 	cd $(FRAME) && cargo fmt --check
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo clippy -q --release --locked -- -D warnings
 
@@ -75,7 +79,7 @@ certs: $(STAMP)
 	$(BIN)/wsgate certs init
 
 clean:
-	rm -rf run .pytest_cache .ruff_cache $(FRAME)/target $(WSS4J)/target $(METRO)/target
+	rm -rf run .pytest_cache .ruff_cache .mypy_cache $(FRAME)/target $(WSS4J)/target $(METRO)/target
 
 # The benchmark: its own gateway on free ports, every profile x size; prints the tables, writes loadtest/out/.
 # Needs Debian's wrk. BENCH_ARGS passes options, e.g. BENCH_ARGS="--profiles none,xml --sizes small".

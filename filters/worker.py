@@ -3,11 +3,21 @@
 The frame (filters/frame, the `wsgate_frame` module: Rust, tonic, tokio) answers the header phases itself from the
 route table given here at start and on reload: 405 for other methods, 411 without a body, 413 (502 for a backend
 response) for a declared length over the route's limit, the removal of the headers the gateway vouches for, and
-the body budget (503, busy). Each body phase is one call, `Worker.handle`: bytes and headers in; status, body,
-headers and the replay keys out: a route whose replay store is Redis has the frame set those keys (SET NX, one
-pipelined round trip, off this thread) before it answers; `replay_refused` gives the fault when one was there.
-The engine knows nothing of gRPC; this module knows nothing of XML. One process per core (`wsgate
-up` starts them); Envoy balances over them."""
+the body budget (503, busy). Each body phase is one call, `Worker.handle`: bytes and headers in, an `Answer` out
+(pass on or reply; the new body and headers; a `ReplayCheck`): a route whose replay store is Redis has the frame
+set those keys (SET NX, one pipelined round trip, off this thread) before it answers; `replay_refused` gives the
+fault for the `ReplayOutcome` when that refused. The engine knows nothing of gRPC; this module knows nothing of
+XML. One process per core (`wsgate up` starts them); Envoy balances over them.
+
+The contract's classes are the frame's own (filters/frame/src, typed in filters/frame/wsgate_frame.pyi, which
+`make lint` checks this module and the compiled frame against). Their words, one meaning each:
+- exchange: one HTTP request with its response. The frame takes it through its phases on one ext_proc `Stream`
+  (service.rs); the engine's record of it is `filters.engine.pipeline.Exchange` (route, SOAP version, security context).
+- in flight: an exchange between its request body and its response body; `InFlight` is what this module keeps
+  of it then (the engine's `Exchange`, the pipeline, the replay keys' faults), held by the frame, opaque to it.
+- verified: `wssecurity.Verified` is what a request's security header proved; its parts are a
+  `signature.VerifiedSignature` and a `username_token.VerifiedUsernameToken`.
+- pending: only the client's (gateway/tools/client.py `Pending`: a secured request awaiting its reply)."""
 
 from __future__ import annotations
 
@@ -20,6 +30,7 @@ from pathlib import Path
 
 import wsgate_frame
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
+from wsgate_frame import Answer, RenderedFault, ReplayCheck, ReplayOutcome, Route, Table
 
 from filters.engine import faults, metrics
 from filters.engine.engine import Engine, Exchange, RoutePipeline, fault_soap_version
@@ -57,27 +68,18 @@ REFUSALS: dict[str, faults.Fault] = {
     "internal": faults.server("internal error"),
 }
 
-# The frame's table: {route: (max request body, max response body, identity header)}, {refusal: rendered fault}.
-Table = tuple[dict[str, tuple[int, int, str | None]], dict[str, tuple[int, str, bytes, str, bytes]]]
-# The replay keys the frame sets before it answers: the store's Redis URL, [(Redis key, TTL in ms)], and the
-# epoch's key with the message's freshness evidence (ms): the message passes only if it is newer than the epoch.
-ReplayCheck = tuple[str, list[tuple[bytes, int]], tuple[bytes, int]]
-# What a body phase answers: (0: pass on | an HTTP status to answer with, body or None: unchanged, headers to set,
-# the exchange for the response phase, the replay check or None).
-Answer = tuple[int, bytes | None, list[tuple[str, str]], "Pending", ReplayCheck | None]
 
-
-def _rendered(fault: faults.Fault) -> tuple[int, str, bytes, str, bytes]:
-    v11, v12 = "1.1", "1.2"
-    return (fault.http_status, faults.content_type(v11), faults.render(fault, v11), faults.content_type(v12),
-            faults.render(fault, v12))  # fmt: skip
+def _rendered(fault: faults.Fault) -> RenderedFault:
+    return RenderedFault(
+        fault.http_status, *((faults.content_type(v), faults.render(fault, v)) for v in ("1.1", "1.2"))
+    )
 
 
 FAULT_TABLE = {kind: _rendered(fault) for kind, fault in REFUSALS.items()}
 
 
 @dataclass(slots=True)
-class Pending:
+class InFlight:
     """One exchange between its request body and its response body (the frame keeps it in between)."""
 
     headers: dict[str, str]
@@ -105,10 +107,14 @@ class Worker:
 
     def table(self) -> Table:
         routes = {
-            name: (p.route.limits.max_body_bytes, p.route.response_limits.max_body_bytes, p.route.identity_header)
+            name: Route(
+                max_request_bytes=p.route.limits.max_body_bytes,
+                max_response_bytes=p.route.response_limits.max_body_bytes,
+                identity_header=p.route.identity_header,
+            )
             for name, p in self.engine.pipelines.items()
         }
-        return routes, FAULT_TABLE
+        return Table(routes, FAULT_TABLE)
 
     def ready(self) -> None:
         """Called once the worker listens, and after each reload once its table is installed: the ready file says
@@ -128,7 +134,7 @@ class Worker:
             log.error("policy reload refused, keeping the running policies: %s", exc)
             return None
         # A route this reload drops stays until the next one: the workers reload before Envoy, whose draining
-        # listeners may still send it requests for a few seconds (gateway/envoy_delivery.py). Envoy alone names
+        # listeners may still send it requests for a few seconds (gateway/control/envoy_delivery.py). Envoy alone names
         # the route of an exchange, and no longer names this one once it has drained.
         routes = set(engine.pipelines)
         for name in self.routes - routes:
@@ -153,11 +159,11 @@ class Worker:
         log.warning("refused route=%s phase=%s code=%s reason=%s", route_name, phase, reason, fault.reason)
 
     def handle(
-        self, route_name: str, phase: str, body: bytes, headers: dict[str, str] | None, pending: Pending | None
+        self, route_name: str, phase: str, body: bytes, headers: dict[str, str] | None, in_flight: InFlight | None
     ) -> Answer:
         """The one call from the frame into the engine. Never raises: a fault is an answer, and so is a bug (a
         generic fault: fail closed, the traceback only in the log)."""
-        p = pending or Pending(headers or {})
+        p = in_flight or InFlight(headers or {})
         try:
             if p.pipeline is None:
                 p.pipeline = self.engine.pipeline(route_name)
@@ -171,8 +177,8 @@ class Worker:
             check = None
             if out.replay:
                 p.replay = out.replay
-                epoch = (EPOCH_KEY, out.replay_since_ms)
-                check = (_replay_url(p.pipeline), [(k.name, k.px) for k in out.replay], epoch)
+                keys = [(k.name, k.px) for k in out.replay]
+                check = ReplayCheck(_replay_url(p.pipeline), keys, EPOCH_KEY, out.replay_since_ms)
             metrics.series(metrics.REQUESTS, *p.label, phase, "ok").inc()
         except faults.Fault as fault:
             self._count(fault, p.label, phase, route_name)
@@ -183,29 +189,31 @@ class Worker:
             return self._fault(REFUSALS["internal"], p)
         if out.answer:
             assert out.body is not None
-            return 200, out.body, [("content-type", faults.content_type(fault_soap_version(p.exchange, {})))], p, check
-        return 0, out.body, list(out.set_headers.items()), p, check
+            content_type = faults.content_type(fault_soap_version(p.exchange, {}))
+            return Answer.reply(200, out.body, [("content-type", content_type)], p, check)
+        return Answer.forward(out.body, list(out.set_headers.items()), p, check)
 
-    def replay_refused(self, route_name: str, pending: Pending, index: int, detail: str) -> Answer:
-        """The frame found `pending.replay[index]` already set (a replay), the message not newer than the store's
-        epoch (index -2, `detail`: the epoch and the evidence in ms), or could not ask Redis (index -1, fail
-        closed): the refusal, counted and logged as the engine's own."""
-        if 0 <= index < len(pending.replay):
-            fault = pending.replay[index].fault
-        elif index == -2:
-            epoch, since = (int(v) for v in detail.split())
-            fault = before_epoch(since, epoch)
-        else:
-            fault = faults.server(f"replay store unavailable: {detail}")
-        pending.replay = []
-        self._count(fault, pending.label, "request", route_name)
-        return self._fault(fault, pending)
+    def replay_refused(self, route_name: str, in_flight: InFlight, outcome: ReplayOutcome) -> Answer:
+        """The frame found one of `in_flight.replay` already set (a replay), the message not newer than the store's
+        epoch, or could not ask Redis (fail closed): the refusal, counted and logged as the engine's own."""
+        match outcome:
+            case ReplayOutcome.Replayed(index=index) if 0 <= index < len(in_flight.replay):
+                fault = in_flight.replay[index].fault
+            case ReplayOutcome.BeforeEpoch(epoch_ms=epoch_ms, since_ms=since_ms):
+                fault = before_epoch(since_ms, epoch_ms)
+            case ReplayOutcome.Unavailable(reason=reason):
+                fault = faults.server(f"replay store unavailable: {reason}")
+            case _:  # no key of this message, or no refusal at all: a bug, and still a refusal
+                fault = faults.server(f"replay check: unexpected outcome {outcome!r}")
+        in_flight.replay = []
+        self._count(fault, in_flight.label, "request", route_name)
+        return self._fault(fault, in_flight)
 
     @staticmethod
-    def _fault(fault: faults.Fault, p: Pending) -> Answer:
+    def _fault(fault: faults.Fault, p: InFlight) -> Answer:
         version = fault_soap_version(p.exchange, p.headers)
         headers = [("content-type", faults.content_type(version))]
-        return fault.http_status, faults.render(fault, version), headers, p, None
+        return Answer.reply(fault.http_status, faults.render(fault, version), headers, p)
 
 
 def _replay_url(pipeline: RoutePipeline) -> str:

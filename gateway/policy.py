@@ -295,6 +295,10 @@ class SchemaValidation(Strict):
     requests: bool = False
     responses: bool = False
     xsd_files: list[str] = []
+    # The CPU one message's validation may take (filters/engine/cpu_budget.py): this much, plus per MB of payload. Plain
+    # payloads cost about 5 ms per MB of text, more for dense markup; over the budget is a schema fault.
+    cpu_budget_ms: float = Field(default=4.0, gt=0, le=60_000)
+    cpu_budget_ms_per_mb: float = Field(default=100.0, ge=0, le=60_000)
 
     @property
     def enabled(self) -> bool:

@@ -1,12 +1,14 @@
 """The gateway's CPU on hostile message shapes against plain messages of the same size: `python -m loadtest.hostile`.
 
 In-process, like loadtest/optimizations.py: the real pipelines (an `hmac` route taking the symmetric binding,
-where a sender needs no credential, and an `xml` route) with the default limits. The secured shapes are signed by
+where a sender needs no credential, an `xml` route, and an `xml-schema` route validating both ways against
+loadtest/hostile-schema.xsd, whose shapes aim at backtracking matching) with the default limits. The secured shapes are signed by
 a client whose own limits are lifted (an attacker's), so a shape the gateway refuses is refused by the gateway, at
 its cost. Each shape is measured twice: sent by a client (the demo backend echoes it) and, "from the backend", as
 a backend's answer to a small plain request.
 
-What is measured: the gateway's CPU (time.process_time) on the request and on the response, not the backend's.
+What is measured: the gateway's CPU (time.process_time, plus the schema validator's child process) on the
+request and on the response, not the backend's.
 The reference is the gateway's CPU on a plain request of the same size as the request plus a plain answer of the
 same size as the response (the bytes the backend returned), so each direction is set against plain traffic of
 its own size; a refused request is set against the plain request alone. Each row: route, shape, sizes (request +
@@ -103,10 +105,22 @@ SHAPES: dict[str, Shape] = {
 }
 # Shapes whose Body is changed after signing: the direct digest fails and xmlsec's verification runs.
 TAMPERED = {"the same as deep with 20 namespaces, Body changed after signing"}
+# The `xml-schema` route (loadtest/hostile-schema.xsd): a value or element every 100 bytes or so that makes
+# libxml2's matching backtrack, each up to its own limit without the CPU budget (filters/engine/cpu_budget.py).
+SCHEMA_SHAPES: dict[str, Shape] = {
+    "plain": SHAPES["plain"],
+    "ambiguous alternation pattern (aa or a, repeated), a value per 100 bytes": lambda size: (
+        "", "".join(f"<d:id>{'a' * 80}b</d:id>" for _ in range(max(1, size // 96)))),
+    "nested counters pattern (a counted word, repeated), a value per 100 bytes": lambda size: (
+        "", "".join(f"<d:words>{'a' * 75}!</d:words>" for _ in range(max(1, size // 96)))),
+    "repeated sequence of a repeated element, 40 per content": lambda size: (
+        "", "".join(f"<d:runs>{'<d:n/>' * 40}<d:z/></d:runs>" for _ in range(max(1, size // 260)))),
+}  # fmt: skip
+SCHEMA_XSD = Path(__file__).with_name("hostile-schema.xsd")
 
 
 def envelope(shape: str, size: int) -> bytes:
-    attributes, content = SHAPES[shape](size)
+    attributes, content = {**SHAPES, **SCHEMA_SHAPES}[shape](size)
     return (f'<soap:Envelope xmlns:soap="{SOAP11}"{attributes}><soap:Body><d:echo xmlns:d="{DEMO}">{content}'
             "</d:echo></soap:Body></soap:Envelope>").encode()  # fmt: skip
 
@@ -122,7 +136,18 @@ def routes(certs: Path) -> dict[str, Route]:
     xml = Route.model_validate(
         {"name": "xml", "match": {"path_prefix": "/xml/"}, "upstream": {"address": "127.0.0.1:1"}, "profile": "xml"}
     )
-    return {"hmac": hmac, "xml": xml}
+    schema = Route.model_validate(
+        {"name": "xml-schema", "match": {"path_prefix": "/xml-schema/"}, "upstream": {"address": "127.0.0.1:1"},
+         "profile": "xml", "schema_validation": {"requests": True, "responses": True, "xsd_files": [str(SCHEMA_XSD)]}}
+    )  # fmt: skip
+    return {"hmac": hmac, "xml": xml, "xml-schema": schema}
+
+
+def _cpu(pipeline: RoutePipeline) -> float:
+    """The gateway's CPU: this process's, and its schema validator's (a child process: filters/engine/cpu_budget.py)."""
+    return time.process_time() + (
+        pipeline.schema.bounded.cpu_seconds() if pipeline.schema and pipeline.schema.bounded else 0.0
+    )
 
 
 class Cost(NamedTuple):
@@ -139,20 +164,20 @@ def exchange(pipeline: RoutePipeline, body: bytes, answer: bytes | None = None) 
     """One exchange, the demo backend answering (or `answer`: a backend sending that body); only the gateway's
     request and response processing is timed, not the backend's."""
     ex = Exchange(route=pipeline.route)
-    t0 = time.process_time()
+    t0 = _cpu(pipeline)
     try:
         forwarded = pipeline.request(body, {}, ex).body
     except faults.Fault:
-        return Cost(time.process_time() - t0, 0.0, len(body), 0, False)
-    request = time.process_time() - t0
+        return Cost(_cpu(pipeline) - t0, 0.0, len(body), 0, False)
+    request = _cpu(pipeline) - t0
     if answer is None:
         _, _, answer = demo_backend.handle_soap(body if forwarded is None else forwarded, "text/xml")
-    t0 = time.process_time()
+    t0 = _cpu(pipeline)
     try:
         pipeline.response(answer, ex)
     except faults.Fault:
-        return Cost(request, time.process_time() - t0, len(body), len(answer), False)
-    return Cost(request, time.process_time() - t0, len(body), len(answer), True)
+        return Cost(request, _cpu(pipeline) - t0, len(body), len(answer), False)
+    return Cost(request, _cpu(pipeline) - t0, len(body), len(answer), True)
 
 
 def measure(pipeline: RoutePipeline, messages: list[bytes], answer: bytes | None = None) -> Cost:
@@ -164,11 +189,13 @@ def measure(pipeline: RoutePipeline, messages: list[bytes], answer: bytes | None
 Row = tuple[str, str, Cost, float]  # (route, shape, the gateway's cost, ratio to plain of the same sizes)
 
 
-def rows(certs: Path, size: int, count: int) -> list[Row]:
+def rows(certs: Path, size: int, count: int, only: list[str] | None = None) -> list[Row]:
     out = []
     for profile, route in routes(certs).items():
+        if only and profile not in only:
+            continue
         pipeline = build_pipeline(route, RouteStores())
-        if profile == "xml":
+        if route.profile == "xml":
             secure: Callable[[bytes], bytes] = lambda body: body  # noqa: E731
         else:
             pipeline.credentials.replay = MemoryReplayCache(epoch_ms=0)  # type: ignore[attr-defined]
@@ -176,13 +203,14 @@ def rows(certs: Path, size: int, count: int) -> list[Row]:
                               ClientConfig(certs=certs))  # fmt: skip
             secure = lambda body, client=attacker: client.secure(body)[0]  # noqa: E731
         exchange(pipeline, secure(envelope("plain", 1000)))  # warm-up
-        for shape in SHAPES:
+        shapes = SCHEMA_SHAPES if profile == "xml-schema" else SHAPES
+        for shape in shapes:
             messages = [secure(envelope(shape, size)) for _ in range(count)]
             if shape in TAMPERED:
                 messages = [m.replace(b"</d:echo>", b"<d:x/></d:echo>") for m in messages]
             cost = measure(pipeline, messages)
             out.append((profile, shape, cost, (cost.request + cost.response) / plain(pipeline, secure, count, cost)))
-        for shape in [s for s in SHAPES if s not in TAMPERED]:
+        for shape in [s for s in shapes if s not in TAMPERED]:
             small = [secure(envelope("plain", 1000)) for _ in range(count)]
             cost = measure(pipeline, small, answer_to(envelope(shape, size)))
             ratio = (cost.request + cost.response) / plain(pipeline, secure, count, cost)
@@ -227,8 +255,9 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> None:
     parser.add_argument("--certs", type=Path, default=Path("certs/out"), help="the demo PKI (wsgate certs init)")
     parser.add_argument("--size", type=int, default=250_000, help="bytes per message (about)")
     parser.add_argument("--count", type=int, default=5, help="messages per shape (the median is kept)")
+    parser.add_argument("--routes", help="comma-separated: hmac, xml, xml-schema (default: all)")
     args = parser.parse_args(argv)
-    print_table(rows(args.certs, args.size, args.count), out)
+    print_table(rows(args.certs, args.size, args.count, args.routes.split(",") if args.routes else None), out)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ import requests
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from wsgate_frame import Answer, ReplayOutcome, Route, Table
 
 from filters.engine import faults
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
-from filters.worker import MAX_MESSAGE_BYTES, REFUSALS
+from filters.engine.wss.replay import DeferredKey, before_epoch
+from filters.worker import FAULT_TABLE, MAX_MESSAGE_BYTES, REFUSALS, InFlight
 from filters.worker import Worker as FilterWorker
 from gateway.control.supervisor import free_ports
 from tests.harness import content_type, envelope, write_policies
@@ -265,7 +267,7 @@ from filters.worker import FAULT_TABLE
 
 class Broken:
     calls = 0
-    def handle(self, route, phase, body, headers, pending):
+    def handle(self, route, phase, body, headers, in_flight):
         Broken.calls += 1
         if Broken.calls == 1:
             raise RuntimeError("a bug in the glue")
@@ -274,7 +276,8 @@ class Broken:
     def reload(self): return None
     def ready(self): open(sys.argv[2], "w").write("ready")
 
-wsgate_frame.serve(Broken(), sys.argv[1], ({"xml": (1000, 1000, None)}, FAULT_TABLE), 1 << 20, 1 << 20)
+table = wsgate_frame.Table({"xml": wsgate_frame.Route(max_request_bytes=1000, max_response_bytes=1000)}, FAULT_TABLE)
+wsgate_frame.serve(Broken(), sys.argv[1], table, 1 << 20, 1 << 20)
 """
 
 
@@ -302,10 +305,98 @@ def test_an_engine_bug_is_a_generic_fault_with_the_traceback_only_in_the_log(
             raise KeyError("secret-detail")
 
     w.engine.pipelines["xml"] = Buggy(w.engine.pipelines["xml"].route)
-    status, fault, set_headers, _, replay_keys = w.handle(
-        "xml", "request", ECHO, {"content-type": content_type("1.2")}, None
-    )
-    assert (status, fault) == (500, faults.render(REFUSALS["internal"], "1.2"))
-    assert set_headers == [("content-type", faults.content_type("1.2"))]
-    assert replay_keys is None  # a refusal sets no replay key
-    assert "secret-detail" in caplog.text and b"secret-detail" not in fault
+    answer = w.handle("xml", "request", ECHO, {"content-type": content_type("1.2")}, None)
+    assert (answer.status, answer.body) == (500, faults.render(REFUSALS["internal"], "1.2"))
+    assert answer.headers == [("content-type", faults.content_type("1.2"))]
+    assert answer.replay is None  # a refusal sets no replay key
+    assert "secret-detail" in caplog.text and b"secret-detail" not in answer.body
+
+
+# Passes every message on, each with a replay check against a Redis that is not there; its `replay_refused` is
+# broken the other way: it too would pass the message on.
+PASSING_REFUSAL_WORKER = """
+import socket
+import sys
+import wsgate_frame
+from wsgate_frame import Answer, ReplayCheck
+from filters.worker import FAULT_TABLE
+
+with socket.socket() as s:  # a port nothing listens on
+    s.bind(("127.0.0.1", 0))
+    UNREACHABLE = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+
+class PassingRefusal:
+    def handle(self, route, phase, body, headers, in_flight):
+        return Answer.forward(None, [], None, ReplayCheck(UNREACHABLE, [(b"sig:a", 60_000)], b"wsgate:epoch", 1))
+    def replay_refused(self, route, in_flight, outcome):
+        print("replay outcome", type(outcome).__name__, flush=True)
+        return Answer.forward(None, [], in_flight)
+    def refused(self, *args): pass
+    def reload(self): return None
+    def ready(self): open(sys.argv[2], "w").write("ready")
+
+table = wsgate_frame.Table({"xml": wsgate_frame.Route(max_request_bytes=1000, max_response_bytes=1000)}, FAULT_TABLE)
+wsgate_frame.serve(PassingRefusal(), sys.argv[1], table, 1 << 20, 1 << 20)
+"""
+
+
+def test_a_replay_refusal_that_would_pass_the_message_on_is_an_internal_fault(tmp_path: Path) -> None:
+    w = Worker(tmp_path, PASSING_REFUSAL_WORKER)
+    try:
+        ex = w.stream()
+        ex.send(post(len(ECHO)))
+        assert immediate(ex.send(body("request_body", ECHO))) == (
+            500, faults.content_type("1.1"), faults.render(REFUSALS["internal"], "1.1"))  # fmt: skip
+        assert "replay outcome Unavailable" in w.log.read_text()  # a Redis that cannot answer: fail closed
+    finally:
+        w.stop()
+
+
+def test_each_replay_outcome_is_refused_with_its_own_fault_and_an_unknown_one_still_refuses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = FilterWorker(write_policies(tmp_path, ROUTES), 1 << 20)
+    replayed = [faults.security("InvalidSecurity", f"replayed {what}") for what in ("signature", "nonce")]
+    generic = faults.render(faults.server("any"), "1.2")
+
+    def refused(outcome: ReplayOutcome) -> Answer:
+        in_flight = InFlight({"content-type": content_type("1.2")}, label=("xml", "xml"))
+        in_flight.replay = [DeferredKey(b"sig:a", 1000, replayed[0]), DeferredKey(b"ut:n1", 1000, replayed[1])]
+        answer = w.replay_refused("xml", in_flight, outcome)
+        assert answer.in_flight is in_flight and in_flight.replay == []
+        assert answer.headers == [("content-type", faults.content_type("1.2"))] and answer.replay is None
+        return answer
+
+    def fault(f: faults.Fault) -> tuple[int, bytes]:
+        return f.http_status, faults.render(f, "1.2")
+
+    answer = refused(ReplayOutcome.Replayed(index=1))
+    assert (answer.status, answer.body) == fault(replayed[1])
+    answer = refused(ReplayOutcome.BeforeEpoch(epoch_ms=2_000, since_ms=1_000))
+    assert (answer.status, answer.body) == fault(before_epoch(1_000, 2_000))
+    answer = refused(ReplayOutcome.Unavailable(reason="timed out"))
+    assert (answer.status, answer.body) == (500, generic)
+    assert "replay store unavailable: timed out" in caplog.text
+    # No such key, or no refusal at all: a bug in the frame is still a refusal, never a pass.
+    for outcome in (ReplayOutcome.Replayed(index=2), ReplayOutcome.First()):
+        answer = refused(outcome)
+        assert (answer.status, answer.body) == (500, generic)
+
+
+def test_a_table_the_frame_cannot_answer_from_is_refused_when_built() -> None:
+    routes = {"xml": Route(max_request_bytes=10, max_response_bytes=20, identity_header="X-User")}
+    assert routes["xml"].identity_header == "x-user"  # compared whatever the client's case
+    Table(routes, FAULT_TABLE)
+    with pytest.raises(ValueError, match="no fault for refusal busy"):
+        Table(routes, {k: v for k, v in FAULT_TABLE.items() if k != "busy"})
+    with pytest.raises(ValueError, match="no refusal"):
+        Table(routes, {**FAULT_TABLE, "teapot": FAULT_TABLE["internal"]})
+    with pytest.raises(TypeError):
+        Table({"xml": (10, 20, None)}, FAULT_TABLE)  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("status", [0, 199, 600])
+def test_an_answer_to_the_client_cannot_pass_the_message_on_by_its_status(status: int) -> None:
+    with pytest.raises(ValueError, match="200-599"):
+        Answer.reply(status, b"", [], None)
+    assert Answer.forward(None, [], None).status is None  # passing on has its own constructor

@@ -211,6 +211,10 @@ def test_hostile_shapes_script_prints_every_shape(pki: Path) -> None:
         assert f"| hmac | {shape} |" in text and f"| xml | {shape} |" in text
         if shape not in hostile.TAMPERED:  # and sent by the backend, refused or not by the gateway's response side
             assert f"| hmac | {shape}, from the backend |" in text and f"| xml | {shape}, from the backend |" in text
+    for shape in hostile.SCHEMA_SHAPES:  # validated: the backtracking ones refused, within the CPU budget
+        for sender in ("", ", from the backend"):
+            [line] = [x for x in text.splitlines() if x.startswith(f"| xml-schema | {shape}{sender} |")]
+            assert line.endswith("| accepted |" if shape == "plain" else "| refused |"), line
     for sender in ("", ", from the backend"):
         flood = [line for line in text.splitlines() if f"| namespace flood on the Envelope{sender} |" in line]
         assert len(flood) == 2 and all(line.endswith("| refused |") for line in flood)

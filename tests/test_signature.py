@@ -145,7 +145,7 @@ def the_signature(env: Envelope) -> etree._Element:
 
 def receive(
     p: Pki, data: bytes, policy: SignaturePolicy = POLICY, key: x509.Certificate | bytes | None = None
-) -> tuple[Envelope, signature.Verified]:
+) -> tuple[Envelope, signature.VerifiedSignature]:
     env = threat_protection.parse_envelope(data, LIMITS)
     sig = the_signature(env)
     return env, signature.verify(sig, env, key if key is not None else p.resolve(env, sig), policy)
@@ -163,7 +163,7 @@ def tamper(data: bytes, change: Callable[[etree._Element], None]) -> Envelope:
     return raw(etree.tostring(root))
 
 
-def verify_raw(p: Pki, env: Envelope, policy: SignaturePolicy = POLICY) -> signature.Verified:
+def verify_raw(p: Pki, env: Envelope, policy: SignaturePolicy = POLICY) -> signature.VerifiedSignature:
     return signature.verify(the_signature(env), env, p.client, policy)
 
 
@@ -737,7 +737,7 @@ def test_wrapped_header_block_refused(p: Pki) -> None:
 
 
 def test_signed_timestamp_with_unsigned_body_is_visible(p: Pki) -> None:
-    # Cryptographically fine; the caller sees from Verified.elements that the Body is not covered.
+    # Cryptographically fine; the caller sees from VerifiedSignature.elements that the Body is not covered.
     env, verified = receive(p, p.signed(parts=lambda env: [timestamp(env)]))
     assert verified.covers(timestamp(env))
     assert not verified.covers(env.body)

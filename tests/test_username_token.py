@@ -33,7 +33,7 @@ def users(pki: Path) -> Users:
 
 def run(
     token: etree._Element, users: Users, policy: UsernameTokenPolicy = BOTH, now: datetime = NOW
-) -> ut_mod.Verified:
+) -> ut_mod.VerifiedUsernameToken:
     # Through the wire form, as the gateway sees tokens.
     parsed = etree.fromstring(etree.tostring(token))
     return verify(parsed, users, policy, now, MAX_AGE, SKEW)

@@ -16,7 +16,9 @@ from gateway.policy import Route
 
 @dataclass
 class Exchange:
-    """What one HTTP exchange carries from the request to the response side."""
+    """The engine's record of one exchange (an HTTP request with its response): what it carries from the request
+    to the response side. The frame's side of the same exchange is its `Stream`; the worker keeps this in its
+    `InFlight` between the two bodies (filters/worker.py)."""
 
     route: Route
     soap_version: str | None = None  # known once the request envelope parsed

@@ -57,11 +57,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     ps = _policies(args.policies)
     if ps is None:
         return 1
+    from filters.engine.xml.schema_validation import pattern_warnings
+
     for r in ps.routes:
         print(f"ok  {r.name:24} {r.profile:18} {r.match.path_prefix} -> {r.upstream.address}  ({ps.sources[r.name]})")
         if r.wsdl is not None and r.wsdl.publish:
             for gap in published_policy.gaps(r):
                 print(f"    published policy: {gap}")
+        for warning in pattern_warnings(r) if r.schema_validation.enabled else []:
+            print(f"warning: route {r.name}: {warning}", file=sys.stderr)
     return 0
 
 
@@ -228,6 +232,12 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 2
     for note in imported.notes:
         print(f"# note: {note}", file=sys.stderr)
+    if args.validate:
+        from filters.engine.xml import wsdl, xsd_patterns
+
+        for doc in wsdl.load(path).documents:
+            for warning in xsd_patterns.warnings(doc.root, doc.path):
+                print(f"# warning: {warning}", file=sys.stderr)
     for r in imported.routes:
         for line in r.mapped.unmapped:
             print(f"UNMAPPED {r.route['name']}: {line}", file=sys.stderr)

@@ -588,7 +588,7 @@ def render(policies: PolicySet, topo: Topology) -> dict[str, str]:
 
 def _resources(resources: list[dict[str, Any]]) -> str:
     """A file-based xDS DiscoveryResponse. Its version_info is a digest of the resources: Envoy reports the version
-    it applied (<subscription>.version_text), which is how a reload knows a file was taken (gateway/envoy_delivery.py)."""
+    it applied (<subscription>.version_text), which is how a reload knows a file was taken (gateway/control/envoy_delivery.py)."""
     body = _dump({"resources": resources})
     return _dump({"version_info": hashlib.sha256(body.encode()).hexdigest()[:16]}) + body
 

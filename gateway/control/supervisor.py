@@ -3,7 +3,7 @@
 Start order: backend, filter workers, Envoy (so Envoy never sees a missing filter). A worker that dies is
 restarted; Envoy dying stops the gateway. Policy files are watched: a valid change is loaded by the workers
 (SIGHUP, waited for) and then delivered to Envoy step by step, clusters before the routes that name them and
-removed after them (gateway/envoy_delivery.py), without dropping in-flight requests; an invalid change is
+removed after them (gateway/control/envoy_delivery.py), without dropping in-flight requests; an invalid change is
 logged and the running policies stay."""
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class Gateway:
 
     def render(self) -> None:
         """Envoy's files for the current policies and workers: written, or delivered step by step to a running
-        Envoy (gateway/envoy_delivery.py)."""
+        Envoy (gateway/control/envoy_delivery.py)."""
         assert self.policies is not None
         files = envoy_config.render(self.policies, self.opts.topology(self.worker_ports))
         if self.envoy is None or self.envoy.poll() is not None:

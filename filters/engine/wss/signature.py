@@ -4,8 +4,9 @@ Verification checks the signature's shape before xmlsec sees it, as Apache Santu
 (allowed algorithms, at most 30 references and 5 transforms each, no HMACOutputLength, no ds:Object, Manifest
 or RetrievalMethod, same-document "#id" references only), then defends against signature wrapping: ids must be
 unique across the whole document, and each reference must land on an element where a signed part may live.
-Only those elements are registered as ids for xmlsec, so what xmlsec digests is exactly what `Verified.elements`
-names; callers check their required parts against that list by identity, never by a fresh lookup.
+Only those elements are registered as ids for xmlsec, so what xmlsec digests is exactly what
+`VerifiedSignature.elements` names; callers check their required parts against that list by identity, never by a
+fresh lookup. (`wssecurity.Verified` is what a whole Security header proved; one signature's is this.)
 
 With a route's optimizations (filters/engine/wss/optimizations.py), references in the usual shape (one exclusive C14N
 transform) are digested directly (filters/engine/xml/c14n.py) and the SignatureValue is checked over the canonical
@@ -94,7 +95,7 @@ PrivateKey = rsa.RSAPrivateKey | bytes
 
 
 @dataclass(frozen=True)
-class Verified:
+class VerifiedSignature:
     """A verified signature. `elements` are the very element objects whose digests matched, in reference
     order; `signature_value` feeds the replay store; `algorithm` is the policy name ("rsa-sha256"...)."""
 
@@ -390,7 +391,7 @@ def verify(
     key: x509.Certificate | bytes,
     policy: SignaturePolicy,
     optimizations: Optimizations | None = None,
-) -> Verified:
+) -> VerifiedSignature:
     """Verify `sig` (a ds:Signature in a wsse:Security header of `env`) with `key`: a certificate for RSA,
     the secret for HMAC. The key comes from the caller, never from the signature's KeyInfo. `optimizations`:
     the route's (None: xmlsec's reference processing)."""
@@ -436,9 +437,11 @@ def verify(
     return _verified(elements, value, algorithm)
 
 
-def _verified(elements: list[etree._Element], value: bytes, algorithm: str) -> Verified:
+def _verified(elements: list[etree._Element], value: bytes, algorithm: str) -> VerifiedSignature:
     """Each signed element once, in the order of its first reference (exact duplicates are counted once)."""
-    return Verified(elements=list({id(e): e for e in elements}.values()), signature_value=value, algorithm=algorithm)
+    return VerifiedSignature(
+        elements=list({id(e): e for e in elements}.values()), signature_value=value, algorithm=algorithm
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------

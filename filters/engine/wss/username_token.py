@@ -107,7 +107,7 @@ class User:
 
 
 @dataclass(frozen=True)
-class Verified:
+class VerifiedUsernameToken:
     """An authenticated token. `nonce` and `created` (when sent) go to the replay store."""
 
     username: str
@@ -229,7 +229,7 @@ def verify(
     now: datetime,
     max_age_s: int,
     skew_s: int,
-) -> Verified:
+) -> VerifiedUsernameToken:
     """Authenticate a wsse:UsernameToken at `now`; Created, when sent, must lie within the window."""
     if ut.tag != USERNAME_TOKEN:
         raise faults.security("InvalidSecurity", f"expected wsse:UsernameToken, got {str(ut.tag)[:120]}")
@@ -307,7 +307,7 @@ def verify(
         else:
             why = "wrong password" if kind == "text" else "wrong password digest"
         raise faults.security("FailedAuthentication", f"{who}: {why}")
-    return Verified(username=username, password_type=kind, nonce=nonce, created=created)
+    return VerifiedUsernameToken(username=username, password_type=kind, nonce=nonce, created=created)
 
 
 def create(username: str, password: str, digest: bool, now: datetime, id: str) -> etree._Element:

@@ -84,7 +84,8 @@ class Credentials:
 
 @dataclass
 class Verified:
-    """What a processed Security header established."""
+    """What a processed Security header established (the one `Verified`: its parts are a
+    `signature.VerifiedSignature` and a `username_token.VerifiedUsernameToken`)."""
 
     signed: list[etree._Element] = field(default_factory=list)
     signer_certificate: x509.Certificate | None = None

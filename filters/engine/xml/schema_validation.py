@@ -2,10 +2,18 @@
 and the XSD files the policy names, with lxml's XMLSchema, compiled once per policy load.
 
 The schemas come from filters/engine/xml/wsdl.py, already read from local files; libxml2 is handed them from memory under
-names of our own (every schemaLocation rewritten), and its parser refuses any other load. What WS-Security put
-into the payload (wsu:Id, wsse/wsse11 attributes on signed elements) is not the service's data: it is left out of
-what is validated, in a copy, so the backend still gets the message as verified. Requests are validated after
-the Security header is processed and removed (filters/engine/wss/wssecurity.py), responses before they are secured."""
+names of our own (every schemaLocation rewritten), and its parser refuses any other load.
+
+What is validated is what is forwarded: the payload as it stands, every attribute included (a wsu:Id, a wsse: or
+any look-alike attribute is the schema's to allow or refuse), and the Envelope and the Body carry no attributes
+the schema cannot see (the only one WS-Security needs, the signed Body's wsu:Id, is removed with the Security
+header before validation: filters/wssecurity.py). Requests are validated after their security is processed,
+responses before they are secured.
+
+libxml2's pattern and content-model matching backtracks on ambiguous schemas, without a limit of its own that
+bounds a message. Where a schema is in the class it matches in linear time (filters/engine/xml/xsd_patterns.py `nonlinear`),
+libxml2 validates in the worker; any other schema is validated in a child process under a CPU budget
+(filters/engine/cpu_budget.py), and a message over its budget gets the same fault as an invalid one."""
 
 from __future__ import annotations
 
@@ -13,19 +21,21 @@ import re
 from collections import defaultdict
 from copy import deepcopy
 from dataclasses import dataclass
+from typing import NoReturn
 
 from lxml import etree
 
 from filters.engine import faults, ns
-from filters.engine.xml import wsdl, xmlsupport
+from filters.engine.cpu_budget import Bounded, OverBudget
+from filters.engine.xml import wsdl, xmlsupport, xsd_patterns
 from filters.engine.xml.wsdl import copy_with_references
 from gateway.policy import Route
 
 ROOT_NS = "urn:wsgate:schema-validation"
 _XS = f"{{{ns.XSD}}}"
-_WSSE_ATTRIBUTES = etree.XPath(
-    "descendant-or-self::*/@*[namespace-uri()=$wsu or namespace-uri()=$wsse or namespace-uri()=$wsse11]"
-)
+# Re-reads our own bytes: schema documents at load, and the Body a child is sent (whose parse in the worker
+# already enforced the route's limits).
+_PARSER = xmlsupport.parser(collect_ids=False, huge_tree=True)
 _RPC = etree.XPath(
     "//soap:binding[@style='rpc'] | //soap:operation[@style='rpc'] | //soap12:binding[@style='rpc']"
     " | //soap12:operation[@style='rpc'] | //soap:body[@use='encoded'] | //soap12:body[@use='encoded']",
@@ -45,7 +55,14 @@ class _Source:
 class PayloadSchema:
     """The compiled schema of one route; `check` raises the route's fault for an invalid payload."""
 
-    def __init__(self, wsdl_set: wsdl.DocumentSet | None, xsd_sets: list[wsdl.DocumentSet]) -> None:
+    def __init__(
+        self,
+        wsdl_set: wsdl.DocumentSet | None,
+        xsd_sets: list[wsdl.DocumentSet],
+        cpu_ms: float = 4.0,
+        cpu_ms_per_mb: float = 100.0,
+    ) -> None:
+        self.cpu_ms, self.cpu_ms_per_mb = cpu_ms, cpu_ms_per_mb
         self.documents: dict[str, bytes] = {}
         sources: list[_Source] = []
         for s, docs in enumerate(filter(None, [wsdl_set, *xsd_sets])):
@@ -65,6 +82,9 @@ class PayloadSchema:
         if not sources:
             raise wsdl.DocumentError("no schema to validate against: the WSDL has no types and no xsd_files")
         self.schema = self._compile(sources)
+        # Where libxml2 cannot backtrack it validates in the worker; elsewhere in a child under a CPU budget.
+        self.nonlinear = xsd_patterns.nonlinear(etree.fromstring(d, _PARSER) for d in self.documents.values())
+        self.bounded = Bounded(self._validate) if self.nonlinear else None
 
     def _add(self, doc: wsdl.Document, keys: list[str], key: str, sources: list[_Source]) -> None:
         """Register `doc` under `key` with its references rewritten to keys; a WSDL's inline schemas are sources."""
@@ -106,20 +126,47 @@ class PayloadSchema:
             raise wsdl.DocumentError(f"schema does not compile: {exc}") from None
 
     def check(self, body: etree._Element, request: bool) -> None:
-        """Validate every element child of the SOAP Body; a fault (Client for a request, Server 502 for a
-        backend's response) names the first error in the log."""
+        """Validate the Envelope's and Body's attributes and every element child of the SOAP Body; a fault
+        (Client for a request, Server 502 for a backend's response) names the first error in the log."""
+        for el in (body.getparent(), body):
+            if el is not None and len(el.attrib):
+                self._refuse(request, f"attribute {next(iter(el.attrib))[:120]} on {etree.QName(el).localname}")
+        if not any(isinstance(c.tag, str) for c in body):
+            return
+        if self.bounded is None:
+            detail = self._first_error(body)
+        else:
+            data = etree.tostring(body)  # with every namespace in scope: QName values keep their prefixes
+            try:
+                detail = self.bounded(data, (self.cpu_ms + self.cpu_ms_per_mb * len(data) / 1e6) / 1000).decode()
+            except OverBudget as exc:
+                detail = f"validation {exc}"
+        if detail:
+            self._refuse(request, detail)
+
+    def _validate(self, data: bytes) -> bytes:
+        """In the child: `_first_error` of the Body it was sent."""
+        return self._first_error(etree.fromstring(data, _PARSER)).encode()
+
+    def _first_error(self, body: etree._Element) -> str:
+        """The first error of the Body's element children, or "" when they are all valid."""
         for payload in body:
             if not isinstance(payload.tag, str):
                 continue
-            if _WSSE_ATTRIBUTES(payload, wsu=ns.WSU, wsse=ns.WSSE, wsse11=ns.WSSE11):
-                payload = _without_wsse_attributes(payload)
-            if self.schema(payload):
-                continue
+            try:
+                if self.schema(payload):
+                    continue
+            except etree.XMLSchemaValidateError:  # libxml2 gave up (its own backtracking limit): invalid
+                return "matching gave up: over libxml2's internal limit"
             error = self.schema.error_log.last_error
-            detail = f"line {error.line}: {_redacted(error.message)}" if error else "invalid"
-            if request:
-                raise faults.client(f"schema invalid: request payload: {detail}")
-            raise faults.server(f"schema invalid: backend response payload: {detail}", status=502)
+            return f"line {error.line}: {_redacted(error.message)}" if error else "invalid"
+        return ""
+
+    @staticmethod
+    def _refuse(request: bool, detail: str) -> NoReturn:
+        if request:
+            raise faults.client(f"schema invalid: request payload: {detail}")
+        raise faults.server(f"schema invalid: backend response payload: {detail}", status=502)
 
 
 def for_route(route: Route) -> PayloadSchema | None:
@@ -127,7 +174,19 @@ def for_route(route: Route) -> PayloadSchema | None:
     sv = route.schema_validation
     if not sv.enabled:
         return None
-    return PayloadSchema(wsdl.load(route.wsdl.file) if route.wsdl else None, [wsdl.load(f) for f in sv.xsd_files])
+    return PayloadSchema(
+        wsdl.load(route.wsdl.file) if route.wsdl else None,
+        [wsdl.load(f) for f in sv.xsd_files],
+        cpu_ms=sv.cpu_budget_ms,
+        cpu_ms_per_mb=sv.cpu_budget_ms_per_mb,
+    )
+
+
+def pattern_warnings(route: Route) -> list[str]:
+    """The route's pattern facets that can backtrack (filters/engine/xml/xsd_patterns.py), for `wsgate check`."""
+    sets = [wsdl.load(route.wsdl.file)] if route.wsdl else []
+    sets += [wsdl.load(f) for f in route.schema_validation.xsd_files]
+    return [w for docs in sets for doc in docs.documents for w in xsd_patterns.warnings(doc.root, doc.path)]
 
 
 def _redacted(message: str) -> str:
@@ -142,10 +201,3 @@ def _standalone(schema: etree._Element) -> etree._Element:
     out.text = schema.text
     out.extend(deepcopy(child) for child in schema)
     return out
-
-
-def _without_wsse_attributes(payload: etree._Element) -> etree._Element:
-    copy = deepcopy(payload)
-    for value in _WSSE_ATTRIBUTES(copy, wsu=ns.WSU, wsse=ns.WSSE, wsse11=ns.WSSE11):
-        del value.getparent().attrib[value.attrname]
-    return copy

@@ -32,9 +32,10 @@ pub static STREAMS_ACTIVE: AtomicU64 = AtomicU64::new(0);
 static PHASE_COUNTS: [[AtomicU64; 4]; 5] = [const { [const { AtomicU64::new(0) }; 4] }; 5];
 static REFUSALS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 
-/// What the replay checks made for the engine found (replay.rs): every key new, one seen before, no answer.
-pub const SIGHTS: [&str; 4] = ["first", "replayed", "before_epoch", "unavailable"];
-static SIGHT_COUNTS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// What the replay checks made for the engine found (replay.rs, `ReplayOutcome`): every key new, one seen before,
+/// the message older than the store's epoch, no answer.
+pub const REPLAY_OUTCOMES: [&str; 4] = ["first", "replayed", "before_epoch", "unavailable"];
+static REPLAY_OUTCOME_COUNTS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
 pub fn phase(phase: Phase, outcome: Outcome) {
     PHASE_COUNTS[phase as usize][outcome as usize].fetch_add(1, Relaxed);
@@ -44,12 +45,12 @@ pub fn refusal(refusal: Refusal) {
     REFUSALS[refusal as usize].fetch_add(1, Relaxed);
 }
 
-pub fn sight(index: usize) {
-    SIGHT_COUNTS[index].fetch_add(1, Relaxed);
+pub fn replay_outcome(index: usize) {
+    REPLAY_OUTCOME_COUNTS[index].fetch_add(1, Relaxed);
 }
 
-pub fn sights() -> Vec<(&'static str, u64)> {
-    SIGHTS.iter().zip(&SIGHT_COUNTS).map(|(name, n)| (*name, n.load(Relaxed))).collect()
+pub fn replay_outcomes() -> Vec<(&'static str, u64)> {
+    REPLAY_OUTCOMES.iter().zip(&REPLAY_OUTCOME_COUNTS).map(|(name, n)| (*name, n.load(Relaxed))).collect()
 }
 
 pub fn phases() -> Vec<(&'static str, &'static str, u64)> {

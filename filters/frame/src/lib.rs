@@ -3,8 +3,17 @@
 //! `serve` runs Envoy's `ExternalProcessor` gRPC service on a single-threaded tokio runtime driven on the calling
 //! (the worker's main) thread with the GIL released; it re-takes the GIL only to call the worker: once per body
 //! phase (`handle`, the one call into the engine), per refusal (`refused`, and `replay_refused` when the replay
-//! check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready and after each reload (`ready`). SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
+//! check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready and after each reload (`ready`).
+//! SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
+//!
+//! The contract with the worker (filters/worker.py) is typed: the classes here (`Table` with its `Route`s and
+//! `RenderedFault`s, `Answer`, `ReplayCheck`, `ReplayOutcome`), typed for Python in wsgate_frame.pyi. Its words,
+//! one meaning each across Rust and Python: an *exchange* is one HTTP request with its response (the frame takes
+//! it through its phases on one ext_proc `Stream`; the engine's record of it is `filters.engine.pipeline.Exchange`); an
+//! exchange *in flight* is between its request body and its response body, and the worker's `InFlight` is what
+//! it keeps of it then (opaque here, handed back with the next body phase).
 
+mod answer;
 mod budget;
 mod counters;
 mod replay;
@@ -23,28 +32,29 @@ use tokio::signal::unix::{signal, SignalKind};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-use replay::Stores;
+use answer::Answer;
+use replay::{ReplayCheck, ReplayOutcome, Stores};
 use service::{Frame, Shared, BUDGET};
-use table::Table;
+use table::{RenderedFault, Route, Table};
 
 // Envoy may send a whole body in one message: allow it a large window rather than many round trips.
 const STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
 
-/// Serve until SIGTERM or SIGINT. `table` is what `worker.reload()` returns too (see table.rs).
+/// Serve until SIGTERM or SIGINT. `table` is what `worker.reload()` returns too, or None (see table.rs).
 #[pyfunction]
 #[pyo3(signature = (worker, listen, table, budget_bytes, max_message_bytes, grace_seconds = 5.0))]
 fn serve(
     py: Python<'_>,
     worker: Py<PyAny>,
     listen: &str,
-    table: &Bound<'_, PyAny>,
+    table: &Bound<'_, Table>,
     budget_bytes: u64,
     max_message_bytes: usize,
     grace_seconds: f64,
 ) -> PyResult<()> {
     let addr: SocketAddr = listen.parse().map_err(|e| PyValueError::new_err(format!("listen {listen:?}: {e}")))?;
-    let table = Table::from_py(table)?;
+    let table = table.get().clone();
     BUDGET.set_limit(budget_bytes);
     let handle = worker.getattr(py, "handle")?;
     let shared = Arc::new(Shared { table: Mutex::new(Arc::new(table)), worker, handle, replay: Stores::default() });
@@ -100,7 +110,7 @@ fn reload(shared: &Shared) {
             if t.is_none(py) {
                 Ok(None)
             } else {
-                Table::from_py(t.bind(py)).map(Some)
+                Ok(Some(t.bind(py).cast::<Table>()?.get().clone()))
             }
         });
         match table {
@@ -127,7 +137,7 @@ fn read_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("body_budget_bytes", BUDGET.limit())?;
     d.set_item("phases", counters::phases())?;
     d.set_item("refusals", counters::refusals())?;
-    d.set_item("replay_checks", counters::sights())?;
+    d.set_item("replay_checks", counters::replay_outcomes())?;
     Ok(d)
 }
 
@@ -135,5 +145,11 @@ fn read_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn wsgate_frame(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(read_counters, m)?)?;
+    m.add_class::<Table>()?;
+    m.add_class::<Route>()?;
+    m.add_class::<RenderedFault>()?;
+    m.add_class::<Answer>()?;
+    m.add_class::<ReplayCheck>()?;
+    m.add_class::<ReplayOutcome>()?;
     Ok(())
 }

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use pyo3::prelude::*;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 use tokio::sync::Mutex;
@@ -19,23 +20,54 @@ use tokio::time::timeout;
 /// As the engine's store: a hung Redis turns into a prompt refusal, not stalled exchanges.
 const TIMEOUT: Duration = Duration::from_secs(1);
 
-/// What setting a message's keys found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Sight {
-    First,
-    Replayed(usize),            // the index of the first key that was already set
-    BeforeEpoch { epoch: i64 }, // every key new, but the message not newer than the store's epoch (ms)
-    Unavailable(String),        // why Redis could not tell (never the URL: it may carry a password)
+/// What the engine hands the frame with a verdict on a message whose replay store is Redis: the store's URL, the
+/// message's keys (name, TTL in ms), and the key of the store's epoch with the message's freshness evidence (ms).
+/// Built once per such message by filters/worker.py; read here off the Python thread, without a copy.
+#[pyclass(frozen, get_all, module = "wsgate_frame")]
+pub struct ReplayCheck {
+    pub url: String,
+    pub keys: Vec<(Vec<u8>, u64)>,
+    pub epoch_key: Vec<u8>,
+    pub since_ms: i64,
 }
 
-impl Sight {
-    /// Its index in counters::SIGHTS.
+#[pymethods]
+impl ReplayCheck {
+    #[new]
+    fn new(url: String, keys: Vec<(Vec<u8>, u64)>, epoch_key: Vec<u8>, since_ms: i64) -> Self {
+        ReplayCheck { url, keys, epoch_key, since_ms }
+    }
+}
+
+/// What setting a message's keys found. Every outcome but `First` is handed to `worker.replay_refused`, which
+/// matches on it (filters/worker.py).
+#[pyclass(frozen, module = "wsgate_frame")]
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    First(),
+    /// `index`: the first of the message's keys that was already set.
+    Replayed {
+        index: usize,
+    },
+    /// Every key new, but the message not newer than the store's epoch (both in ms).
+    BeforeEpoch {
+        epoch_ms: i64,
+        since_ms: i64,
+    },
+    /// Why Redis could not tell (never the URL: it may carry a password).
+    Unavailable {
+        reason: String,
+    },
+}
+
+impl ReplayOutcome {
+    /// Its index in counters::REPLAY_OUTCOMES.
     pub fn counter(&self) -> usize {
         match self {
-            Sight::First => 0,
-            Sight::Replayed(_) => 1,
-            Sight::BeforeEpoch { .. } => 2,
-            Sight::Unavailable(_) => 3,
+            ReplayOutcome::First() => 0,
+            ReplayOutcome::Replayed { .. } => 1,
+            ReplayOutcome::BeforeEpoch { .. } => 2,
+            ReplayOutcome::Unavailable { .. } => 3,
         }
     }
 }
@@ -74,10 +106,10 @@ pub struct Epoch<'a> {
 impl Stores {
     /// Set every key (name, TTL in ms) in the Redis at `url` and read its epoch; `First` only when each key was
     /// new and the message is newer than the epoch.
-    pub async fn first_sight(&self, url: &str, keys: &[(Vec<u8>, u64)], epoch: &Epoch<'_>) -> Sight {
+    pub async fn first_sight(&self, url: &str, keys: &[(Vec<u8>, u64)], epoch: &Epoch<'_>) -> ReplayOutcome {
         // The same key twice in one message is a replay of itself (Redis would answer the second with our value).
         if let Some(i) = (1..keys.len()).find(|&i| keys[..i].iter().any(|(k, _)| *k == keys[i].0)) {
-            return Sight::Replayed(i);
+            return ReplayOutcome::Replayed { index: i };
         }
         let value = format!("{}.{}", self.instance, self.exchanges.fetch_add(1, Ordering::Relaxed));
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
@@ -87,12 +119,12 @@ impl Stores {
         for (name, px) in keys {
             pipe.cmd("SET").arg(name.as_slice()).arg(&value).arg("NX").arg("PX").arg(*px).arg("GET");
         }
-        let mut sight = self.send(url, &pipe, keys.len(), &value, now_ms, epoch.since_ms).await;
-        if let Err(Failure::Stale(_)) = sight {
-            sight = self.send(url, &pipe, keys.len(), &value, now_ms, epoch.since_ms).await;
+        let mut outcome = self.send(url, &pipe, keys.len(), &value, now_ms, epoch.since_ms).await;
+        if let Err(Failure::Stale(_)) = outcome {
+            outcome = self.send(url, &pipe, keys.len(), &value, now_ms, epoch.since_ms).await;
         }
-        sight.unwrap_or_else(|failure| match failure {
-            Failure::Stale(why) | Failure::Other(why) => Sight::Unavailable(why),
+        outcome.unwrap_or_else(|failure| match failure {
+            Failure::Stale(why) | Failure::Other(why) => ReplayOutcome::Unavailable { reason: why },
         })
     }
 
@@ -104,7 +136,7 @@ impl Stores {
         value: &str,
         now_ms: i64,
         since_ms: i64,
-    ) -> Result<Sight, Failure> {
+    ) -> Result<ReplayOutcome, Failure> {
         let (generation, fresh, mut connection) = match timeout(TIMEOUT, self.connection(url)).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(Failure::Other(describe(&e))),
@@ -130,14 +162,18 @@ impl Stores {
             _ => true,
         };
         if let Some(i) = replies[1..].iter().position(seen_before) {
-            return Ok(Sight::Replayed(i));
+            return Ok(ReplayOutcome::Replayed { index: i });
         }
         // Nil: we started the epoch (or a retry finds our own value); a value that is no number: fail closed.
         let epoch = match &replies[0] {
             Value::BulkString(v) => std::str::from_utf8(v).ok().and_then(|v| v.parse().ok()).unwrap_or(now_ms),
             _ => now_ms,
         };
-        Ok(if since_ms <= epoch { Sight::BeforeEpoch { epoch } } else { Sight::First })
+        Ok(if since_ms <= epoch {
+            ReplayOutcome::BeforeEpoch { epoch_ms: epoch, since_ms }
+        } else {
+            ReplayOutcome::First()
+        })
     }
 
     /// The connection to `url`, its generation, and whether it was opened just now.
@@ -234,13 +270,22 @@ mod tests {
         let redis = Redis::start(free_port());
         let stores = Stores::default();
         let url = redis.url();
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:a", "ut:alice:n1"]), &NEW).await, Sight::First);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::Replayed(0));
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a", "ut:alice:n1"]), &NEW).await, ReplayOutcome::First());
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, ReplayOutcome::Replayed { index: 0 });
         // A fresh signature cannot carry a replayed nonce, nor the same key twice.
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b", "ut:alice:n1"]), &NEW).await, Sight::Replayed(1));
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:c", "sig:c"]), &NEW).await, Sight::Replayed(1));
+        assert_eq!(
+            stores.first_sight(&url, &keys(&["sig:b", "ut:alice:n1"]), &NEW).await,
+            ReplayOutcome::Replayed { index: 1 }
+        );
+        assert_eq!(
+            stores.first_sight(&url, &keys(&["sig:c", "sig:c"]), &NEW).await,
+            ReplayOutcome::Replayed { index: 1 }
+        );
         // Another worker (its own connection) sees the same keys.
-        assert_eq!(Stores::default().first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::Replayed(0));
+        assert_eq!(
+            Stores::default().first_sight(&url, &keys(&["sig:a"]), &NEW).await,
+            ReplayOutcome::Replayed { index: 0 }
+        );
     }
 
     #[tokio::test]
@@ -248,10 +293,10 @@ mod tests {
         let redis = Redis::start(free_port());
         let stores = Stores::default();
         let short = vec![(b"sig:short".to_vec(), 50)];
-        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, Sight::First);
-        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, Sight::Replayed(0));
+        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, ReplayOutcome::First());
+        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, ReplayOutcome::Replayed { index: 0 });
         tokio::time::sleep(Duration::from_millis(120)).await;
-        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, Sight::First);
+        assert_eq!(stores.first_sight(&redis.url(), &short, &NEW).await, ReplayOutcome::First());
     }
 
     #[tokio::test]
@@ -259,13 +304,13 @@ mod tests {
         let port = free_port();
         let url = format!("redis://127.0.0.1:{port}/0");
         let stores = Stores::default();
-        assert!(matches!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::Unavailable(_)));
+        assert!(matches!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, ReplayOutcome::Unavailable { .. }));
         let redis = Redis::start(port);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, ReplayOutcome::First());
         drop(redis); // dies with the connection open
-        assert!(matches!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, Sight::Unavailable(_)));
+        assert!(matches!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, ReplayOutcome::Unavailable { .. }));
         let _redis = Redis::start(port);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, ReplayOutcome::First());
     }
 
     #[tokio::test]
@@ -274,11 +319,11 @@ mod tests {
         let url = format!("redis://127.0.0.1:{port}/0");
         let stores = Stores::default();
         let redis = Redis::start(port);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:a"]), &NEW).await, ReplayOutcome::First());
         drop(redis); // restarted while this worker's connection was open and idle
         let _redis = Redis::start(port);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, Sight::First);
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, Sight::Replayed(0));
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, ReplayOutcome::First());
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &NEW).await, ReplayOutcome::Replayed { index: 0 });
     }
 
     #[tokio::test]
@@ -291,11 +336,14 @@ mod tests {
         // As if the first attempt had set the key and its reply was lost.
         let url = redis.url();
         let send = |value| stores.send(&url, &pipe, 1, value, 1, i64::MAX);
-        assert_eq!(send("mine").await.ok(), Some(Sight::First));
-        assert_eq!(send("mine").await.ok(), Some(Sight::First));
-        assert_eq!(send("theirs").await.ok(), Some(Sight::Replayed(0)));
+        assert_eq!(send("mine").await.ok(), Some(ReplayOutcome::First()));
+        assert_eq!(send("mine").await.ok(), Some(ReplayOutcome::First()));
+        assert_eq!(send("theirs").await.ok(), Some(ReplayOutcome::Replayed { index: 0 }));
         // A key the engine's own store set ("1") is a replay too.
-        assert_eq!(Stores::default().first_sight(&redis.url(), &keys(&["sig:lost"]), &NEW).await, Sight::Replayed(0));
+        assert_eq!(
+            Stores::default().first_sight(&redis.url(), &keys(&["sig:lost"]), &NEW).await,
+            ReplayOutcome::Replayed { index: 0 }
+        );
     }
 
     #[tokio::test]
@@ -306,21 +354,28 @@ mod tests {
         let redis = Redis::start(port);
         let before = Epoch { key: NEW.key, since_ms: now_ms() - 1 };
         // The first check of an empty store starts its epoch: a message created earlier proves nothing.
-        assert!(matches!(stores.first_sight(&url, &keys(&["sig:a"]), &before).await, Sight::BeforeEpoch { .. }));
+        assert!(matches!(
+            stores.first_sight(&url, &keys(&["sig:a"]), &before).await,
+            ReplayOutcome::BeforeEpoch { .. }
+        ));
         tokio::time::sleep(Duration::from_millis(5)).await;
         let created = Epoch { key: NEW.key, since_ms: now_ms() };
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &created).await, Sight::First);
-        assert_eq!(other_worker.first_sight(&url, &keys(&["sig:b"]), &created).await, Sight::Replayed(0));
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &created).await, ReplayOutcome::First());
+        assert_eq!(
+            other_worker.first_sight(&url, &keys(&["sig:b"]), &created).await,
+            ReplayOutcome::Replayed { index: 0 }
+        );
         drop(redis); // killed: every key gone
         let _redis = Redis::start(port);
         // The same message again, once the store forgot it: refused, by every worker; a new one passes.
-        let sight = other_worker.first_sight(&url, &keys(&["sig:b"]), &created).await;
-        let Sight::BeforeEpoch { epoch } = sight else { panic!("{sight:?}") };
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &created).await, Sight::Replayed(0));
+        let outcome = other_worker.first_sight(&url, &keys(&["sig:b"]), &created).await;
+        let ReplayOutcome::BeforeEpoch { epoch_ms: epoch, since_ms } = outcome else { panic!("{outcome:?}") };
+        assert_eq!(since_ms, created.since_ms);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:b"]), &created).await, ReplayOutcome::Replayed { index: 0 });
         let after = Epoch { key: NEW.key, since_ms: epoch + 1 };
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:c"]), &after).await, Sight::First);
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:c"]), &after).await, ReplayOutcome::First());
         // A key already there is reported as the replay it is, whatever the epoch.
-        assert_eq!(stores.first_sight(&url, &keys(&["sig:c"]), &before).await, Sight::Replayed(0));
+        assert_eq!(stores.first_sight(&url, &keys(&["sig:c"]), &before).await, ReplayOutcome::Replayed { index: 0 });
     }
 
     #[tokio::test]
@@ -328,7 +383,7 @@ mod tests {
         let redis = Redis::start(free_port());
         let url = redis.url().replace("redis://", "redis://user:s3cret-pw@");
         match Stores::default().first_sight(&url, &keys(&["sig:a"]), &NEW).await {
-            Sight::Unavailable(detail) => assert!(!detail.contains("s3cret-pw"), "{detail}"),
+            ReplayOutcome::Unavailable { reason: detail } => assert!(!detail.contains("s3cret-pw"), "{detail}"),
             other => panic!("{other:?}"),
         }
     }

@@ -1,6 +1,6 @@
-//! The ext_proc service: one gRPC stream per HTTP exchange. Header phases are answered here from the route table;
-//! each body phase is one call into the Python engine (`worker.handle`), made on this thread with the GIL
-//! re-taken for the call only.
+//! The ext_proc service: one gRPC stream per HTTP exchange (`Stream`). Header phases are answered here from the
+//! route table; each body phase is one call into the Python engine (`worker.handle`, which returns an `Answer`:
+//! answer.rs), made on this thread with the GIL re-taken for the call only.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -16,14 +16,14 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpHeaders, ImmediateResponse,
     ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
-use futures_util::Stream;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::answer::{Answer, Reply};
 use crate::budget::{Budget, Ticket};
 use crate::counters::{self, Outcome, Phase};
-use crate::replay::{Epoch, Sight, Stores};
+use crate::replay::{Epoch, ReplayCheck, ReplayOutcome, Stores};
 use crate::table::{Refusal, Route, Table};
 
 /// The gRPC metadata naming the route (gateway/control/envoy_config.py sets it per route).
@@ -52,7 +52,7 @@ impl Shared {
 
 pub struct Frame(pub Arc<Shared>);
 
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+type ResponseStream = Pin<Box<dyn futures_util::Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl ExternalProcessor for Frame {
@@ -64,21 +64,21 @@ impl ExternalProcessor for Frame {
     ) -> Result<Response<ResponseStream>, Status> {
         let route_name = request.metadata().get(ROUTE_METADATA).and_then(|v| v.to_str().ok()).unwrap_or("");
         // In-flight exchanges keep the table they started with; a reload only changes new ones.
-        let exchange = Exchange::new(self.0.clone(), route_name.to_owned());
+        let stream = Stream::new(self.0.clone(), route_name.to_owned());
         let inbound = request.into_inner();
-        let responses = futures_util::stream::unfold(Some((inbound, exchange)), |state| async move {
-            let (mut inbound, mut ex) = state?;
+        let responses = futures_util::stream::unfold(Some((inbound, stream)), |state| async move {
+            let (mut inbound, mut stream) = state?;
             loop {
                 // An error or end of the inbound stream (Envoy reset or finished it) ends the exchange; dropping
                 // it releases its body reservation.
                 let msg = inbound.message().await.ok()??;
-                let mut step = ex.on_message(msg);
+                let mut step = stream.on_message(msg);
                 // Awaited here, off the Python thread: other exchanges go on while Redis answers.
                 while let Step::Check(check) = step {
-                    step = ex.settle(*check).await;
+                    step = stream.settle(*check).await;
                 }
                 match step {
-                    Step::Reply(resp) => return Some((Ok(resp), Some((inbound, ex)))),
+                    Step::Reply(resp) => return Some((Ok(resp), Some((inbound, stream)))),
                     Step::Last(resp) => return Some((Ok(resp), None)),
                     Step::Nothing | Step::Check(_) => continue,
                 }
@@ -95,22 +95,14 @@ enum Step {
     Check(Box<Check>), // the engine's verdict, once its replay keys are set (replay.rs)
 }
 
-/// The engine's answer to a body phase: status (0: pass on), body or None (unchanged), headers to set.
-type Answer = (u32, Option<Vec<u8>>, Vec<(String, String)>);
-/// The replay keys the engine returned with its verdict: the store's Redis URL, [(key, TTL in ms)], and the
-/// epoch's key with the message's freshness evidence in ms (replay.rs).
-type Keys = (String, Vec<(Vec<u8>, u64)>, (Vec<u8>, i64));
-/// What `worker.handle` and `worker.replay_refused` return: the answer, the exchange, the replay keys or None.
-type Reply = (u32, Option<Vec<u8>>, Vec<(String, String)>, Py<PyAny>, Option<Keys>);
-
 struct Check {
     request: bool,
-    keys: Keys,
-    answer: Answer,
+    replay: Py<ReplayCheck>, // frozen: read off the Python thread
+    reply: Reply,
 }
 
-/// One HTTP exchange as it goes through its phases.
-struct Exchange {
+/// One ext_proc stream: one HTTP exchange as the frame takes it through its phases.
+struct Stream {
     shared: Arc<Shared>,
     table: Arc<Table>,
     route_name: String,
@@ -118,16 +110,16 @@ struct Exchange {
     ticket: Ticket,
     soap12: bool,                   // the request's content type names SOAP 1.2: faults are 1.2
     headers: Vec<(String, String)>, // the request's, for the engine
-    state: Option<Py<PyAny>>,       // the engine's exchange, from the request body to the response body
+    in_flight: Option<Py<PyAny>>,   // the worker's `InFlight`, from the request body to the response body
 }
 
-impl Exchange {
+impl Stream {
     fn new(shared: Arc<Shared>, route_name: String) -> Self {
         counters::STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         counters::STREAMS_ACTIVE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let table = shared.table();
         let route = table.routes.get(&route_name).cloned();
-        Exchange {
+        Stream {
             shared,
             table,
             route_name,
@@ -135,7 +127,7 @@ impl Exchange {
             ticket: Ticket::new(&BUDGET),
             soap12: false,
             headers: Vec::new(),
-            state: None,
+            in_flight: None,
         }
     }
 
@@ -200,7 +192,7 @@ impl Exchange {
             return self.refuse(Refusal::Busy, phase, metric_phase, detail);
         }
         let called = Python::attach(|py| self.call_engine(py, metric_phase, &body));
-        let (answer, keys) = match called {
+        let (reply, replay) = match called {
             Ok(answer) => answer,
             Err(()) => {
                 counters::phase(phase, Outcome::Error);
@@ -208,9 +200,9 @@ impl Exchange {
             }
         };
         counters::phase(phase, Outcome::Engine);
-        match keys {
-            Some(keys) => Step::Check(Box::new(Check { request, keys, answer })),
-            None => answer_with(request, answer),
+        match replay {
+            Some(replay) => Step::Check(Box::new(Check { request, replay, reply })),
+            None => answer_with(request, reply),
         }
     }
 
@@ -221,39 +213,41 @@ impl Exchange {
     }
 
     /// Set the replay keys of an accepted message, then answer as the engine said; a key already set or a Redis
-    /// that cannot answer, or a message not newer than the store's epoch, turns the answer into the engine's refusal (`worker.replay_refused`).
+    /// that cannot answer, or a message not newer than the store's epoch, turns the answer into the engine's
+    /// refusal (`worker.replay_refused`, given the `ReplayOutcome`).
     async fn settle(&mut self, check: Check) -> Step {
-        let (url, keys, (epoch_key, since_ms)) = &check.keys;
-        let epoch = Epoch { key: epoch_key, since_ms: *since_ms };
-        let sight = self.shared.replay.first_sight(url, keys, &epoch).await;
-        counters::sight(sight.counter());
-        let (index, detail) = match sight {
-            Sight::First => return answer_with(check.request, check.answer),
-            Sight::Replayed(i) => (i as i64, String::new()),
-            Sight::BeforeEpoch { epoch } => (-2, format!("{epoch} {since_ms}")),
-            Sight::Unavailable(detail) => (-1, detail),
-        };
+        let replay = check.replay.get();
+        let epoch = Epoch { key: &replay.epoch_key, since_ms: replay.since_ms };
+        let outcome = self.shared.replay.first_sight(&replay.url, &replay.keys, &epoch).await;
+        counters::replay_outcome(outcome.counter());
+        if outcome == ReplayOutcome::First() {
+            return answer_with(check.request, check.reply);
+        }
         let refused = Python::attach(|py| {
-            let state = self.state.as_ref().map(|s| s.clone_ref(py));
-            let args = (self.route_name.as_str(), state, index, detail);
+            let in_flight = self.in_flight.as_ref().map(|s| s.clone_ref(py));
+            let args = (self.route_name.as_str(), in_flight, outcome);
             let call = self.shared.worker.bind(py).call_method1("replay_refused", args);
-            call.and_then(|answer| answer.extract::<Reply>()).map_err(|err| err.display(py))
+            call.and_then(|answer| Ok(answer.cast::<Answer>()?.get().read(py).0)).map_err(|err| err.display(py))
         });
         match refused {
-            Ok((status, body, set, _, _)) => {
-                let set = set.iter().map(|(k, v)| header(k, v)).collect();
-                Step::Last(immediate(status, set, body.unwrap_or_default()))
+            Ok(Reply { status: Some(status), body, headers }) => {
+                Step::Last(immediate(status, headers, body.unwrap_or_default()))
             }
-            Err(()) => self.internal_fault(),
+            // A refusal that would pass the message on is none: fail closed.
+            Ok(Reply { status: None, .. }) | Err(()) => self.internal_fault(),
         }
     }
 
-    /// The one call into the engine: `worker.handle(route, phase, body, request headers or None, exchange or
-    /// None) -> (status, body or None, headers to set, exchange, replay keys or None)`. Status 0 passes the (new)
-    /// body on; any other status answers the client with that body; replay keys are set first (`settle`). A
-    /// failure of the call itself (the worker catches the engine's errors) is printed and answered with a generic
-    /// fault: fail closed.
-    fn call_engine(&mut self, py: Python<'_>, phase: &str, body: &[u8]) -> Result<(Answer, Option<Keys>), ()> {
+    /// The one call into the engine: `worker.handle(route, phase, body, request headers or None, in-flight
+    /// record or None) -> Answer`. Its replay check, if any, is made before the answer goes out (`settle`). A
+    /// failure of the call itself (the worker catches the engine's errors) or anything but an `Answer` is printed
+    /// and answered with a generic fault: fail closed.
+    fn call_engine(
+        &mut self,
+        py: Python<'_>,
+        phase: &str,
+        body: &[u8],
+    ) -> Result<(Reply, Option<Py<ReplayCheck>>), ()> {
         let result = (|| -> PyResult<_> {
             let headers = if phase == "request" {
                 let d = PyDict::new(py);
@@ -264,12 +258,12 @@ impl Exchange {
             } else {
                 None
             };
-            let state = self.state.take();
-            let args = (self.route_name.as_str(), phase, PyBytes::new(py, body), headers, state);
+            let in_flight = self.in_flight.take();
+            let args = (self.route_name.as_str(), phase, PyBytes::new(py, body), headers, in_flight);
             let answer = self.shared.handle.bind(py).call1(args)?;
-            let (status, body, set, state, keys): Reply = answer.extract()?;
-            self.state = Some(state);
-            Ok(((status, body, set), keys))
+            let (reply, in_flight, replay) = answer.cast::<Answer>()?.get().read(py);
+            self.in_flight = Some(in_flight);
+            Ok((reply, replay))
         })();
         result.map_err(|err| {
             eprintln!(
@@ -296,16 +290,16 @@ impl Exchange {
     }
 }
 
-impl Drop for Exchange {
+impl Drop for Stream {
     fn drop(&mut self) {
         counters::STREAMS_ACTIVE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
-/// The engine's answer as Envoy gets it: status 0 passes the (new) body on, any other status answers the client.
-fn answer_with(request: bool, (status, new_body, set_headers): Answer) -> Step {
-    let mut set: Vec<HeaderValueOption> = set_headers.iter().map(|(k, v)| header(k, v)).collect();
-    if status != 0 {
+/// The engine's answer as Envoy gets it: passed on with the (new) body, or an answer to the client.
+fn answer_with(request: bool, reply: Reply) -> Step {
+    let Reply { status, body: new_body, headers: mut set } = reply;
+    if let Some(status) = status {
         return Step::Last(immediate(status, set, new_body.unwrap_or_default()));
     }
     if let Some(b) = &new_body {
@@ -385,7 +379,7 @@ fn header_list(h: &HttpHeaders) -> Vec<(String, String)> {
         .collect()
 }
 
-fn header(key: &str, value: &str) -> HeaderValueOption {
+pub fn header(key: &str, value: &str) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue { key: key.into(), raw_value: value.as_bytes().to_vec(), ..Default::default() }),
         append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,

@@ -1,6 +1,7 @@
-//! What the Python side installs at start and on every reload: the XML routes' limits and the headers the gateway
-//! vouches for, and the fault bodies the frame answers with (rendered by filters/engine/faults.py, so Rust only copies
-//! bytes).
+//! What the Python side installs at start and on every reload: a `Table` of the XML routes' limits and the
+//! headers the gateway vouches for, and the fault bodies the frame answers with (rendered by filters/engine/faults.py, so
+//! Rust only copies bytes). Python builds it from these classes (filters/worker.py; types in wsgate_frame.pyi);
+//! the frame copies it once per start or reload, never per exchange.
 
 use std::collections::HashMap;
 
@@ -46,6 +47,8 @@ impl Refusal {
     }
 }
 
+/// One XML route's limits, as the frame checks them before any body arrives.
+#[pyclass(frozen, get_all, from_py_object, module = "wsgate_frame")]
 #[derive(Clone, Debug)]
 pub struct Route {
     pub max_request_bytes: u64,
@@ -54,49 +57,103 @@ pub struct Route {
     pub identity_header: Option<String>,
 }
 
+#[pymethods]
+impl Route {
+    #[new]
+    #[pyo3(signature = (*, max_request_bytes, max_response_bytes, identity_header = None))]
+    fn new(max_request_bytes: u64, max_response_bytes: u64, identity_header: Option<String>) -> Self {
+        // HTTP header names match whatever their case: the frame compares lowercase.
+        let identity_header = identity_header.map(|h| h.to_ascii_lowercase());
+        Route { max_request_bytes, max_response_bytes, identity_header }
+    }
+}
+
 /// One fault as the client gets it: status, then content type and body for SOAP 1.1 and for SOAP 1.2.
-pub struct Fault {
+#[pyclass(frozen, from_py_object, module = "wsgate_frame")]
+#[derive(Clone)]
+pub struct RenderedFault {
     pub status: u32,
     pub bodies: [(String, Vec<u8>); 2],
 }
 
-pub struct Table {
-    pub routes: HashMap<String, Route>,
-    faults: Vec<Fault>, // in the order of Refusal::ALL
+#[pymethods]
+impl RenderedFault {
+    #[new]
+    fn new(status: u32, soap11: (String, Vec<u8>), soap12: (String, Vec<u8>)) -> Self {
+        RenderedFault { status, bodies: [soap11, soap12] }
+    }
 }
 
-type PyRoute = (u64, u64, Option<String>);
-type PyFault = (u32, String, Vec<u8>, String, Vec<u8>);
+/// The frame's table: the XML routes by name and a rendered fault for every refusal (named as `Refusal::name`).
+#[pyclass(frozen, module = "wsgate_frame")]
+#[derive(Clone)]
+pub struct Table {
+    pub routes: HashMap<String, Route>,
+    faults: Vec<RenderedFault>, // in the order of Refusal::ALL
+}
 
+#[pymethods]
 impl Table {
-    /// From `(routes, faults)`: `{name: (max request bytes, max response bytes, identity header)}` and
-    /// `{refusal name: (status, content type 1.1, body 1.1, content type 1.2, body 1.2)}` with every refusal.
-    pub fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Table> {
-        let (routes, mut faults): (HashMap<String, PyRoute>, HashMap<String, PyFault>) = obj.extract()?;
-        let routes = routes
-            .into_iter()
-            .map(|(name, (req, resp, identity))| {
-                let route = Route {
-                    max_request_bytes: req,
-                    max_response_bytes: resp,
-                    identity_header: identity.map(|h| h.to_ascii_lowercase()),
-                };
-                (name, route)
-            })
-            .collect();
-        let faults = Refusal::ALL
+    /// Refused unless `faults` names every refusal and nothing else: a table the frame cannot answer from
+    /// fails when it is built (at start, or a reload keeps the running one), not on some later exchange.
+    #[new]
+    pub fn new(routes: HashMap<String, Route>, mut faults: HashMap<String, RenderedFault>) -> PyResult<Table> {
+        let ordered = Refusal::ALL
             .iter()
             .map(|r| {
-                let (status, ct11, b11, ct12, b12) = faults
+                faults
                     .remove(r.name())
-                    .ok_or_else(|| PyValueError::new_err(format!("no fault for refusal {}", r.name())))?;
-                Ok(Fault { status, bodies: [(ct11, b11), (ct12, b12)] })
+                    .ok_or_else(|| PyValueError::new_err(format!("no fault for refusal {}", r.name())))
             })
             .collect::<PyResult<Vec<_>>>()?;
-        Ok(Table { routes, faults })
+        if let Some(unknown) = faults.keys().next() {
+            return Err(PyValueError::new_err(format!("a fault for {unknown:?}, which is no refusal of the frame")));
+        }
+        Ok(Table { routes, faults: ordered })
+    }
+}
+
+impl Table {
+    pub fn fault(&self, refusal: Refusal) -> &RenderedFault {
+        &self.faults[refusal as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn faults(names: &[&str]) -> HashMap<String, RenderedFault> {
+        let fault =
+            |n: &str| RenderedFault::new(500, ("text/xml".into(), n.into()), ("application/soap+xml".into(), n.into()));
+        names.iter().map(|n| (n.to_string(), fault(n))).collect()
     }
 
-    pub fn fault(&self, refusal: Refusal) -> &Fault {
-        &self.faults[refusal as usize]
+    fn every_refusal() -> Vec<&'static str> {
+        Refusal::ALL.iter().map(|r| r.name()).collect()
+    }
+
+    #[test]
+    fn each_refusal_is_answered_with_its_own_fault() {
+        let table = Table::new(HashMap::new(), faults(&every_refusal())).unwrap();
+        for refusal in Refusal::ALL {
+            assert_eq!(table.fault(refusal).bodies[1].1, refusal.name().as_bytes());
+        }
+    }
+
+    #[test]
+    fn a_table_missing_a_fault_or_naming_an_unknown_refusal_is_refused() {
+        let mut names = every_refusal();
+        names.pop();
+        assert!(Table::new(HashMap::new(), faults(&names)).is_err());
+        let mut names = every_refusal();
+        names.push("teapot");
+        assert!(Table::new(HashMap::new(), faults(&names)).is_err());
+    }
+
+    #[test]
+    fn an_identity_header_is_matched_whatever_its_case() {
+        let route = Route::new(1, 2, Some("X-User".into()));
+        assert_eq!(route.identity_header.as_deref(), Some("x-user"));
     }
 }

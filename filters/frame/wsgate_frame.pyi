@@ -1,0 +1,103 @@
+# The compiled frame's Python face (src/*.rs); maturin ships it in the wheel. `make lint` checks the glue
+# (filters/worker.py) against it with mypy, and it against the compiled module with mypy's stubtest.
+from typing import Any, Protocol, final
+
+from typing_extensions import disjoint_base
+
+__all__ = ["Answer", "RenderedFault", "ReplayCheck", "ReplayOutcome", "Route", "Table", "counters", "serve"]
+
+class _Worker(Protocol):
+    """What the frame calls back (filters/worker.py `Worker`)."""
+
+    def handle(
+        self, route: str, phase: str, body: bytes, headers: dict[str, str] | None, in_flight: Any, /
+    ) -> Answer: ...
+    def refused(self, route: str, phase: str, refusal: str, reason: str, /) -> None: ...
+    def replay_refused(self, route: str, in_flight: Any, outcome: ReplayOutcome, /) -> Answer: ...
+    def reload(self) -> Table | None: ...
+    def ready(self) -> None: ...
+
+@final
+class Route:
+    max_request_bytes: int
+    max_response_bytes: int
+    identity_header: str | None  # lowercase
+    def __new__(
+        cls, *, max_request_bytes: int, max_response_bytes: int, identity_header: str | None = None
+    ) -> Route: ...
+
+@final
+class RenderedFault:
+    """A refusal as the client gets it: the status, then (content type, body) for SOAP 1.1 and for SOAP 1.2."""
+
+    def __new__(cls, status: int, soap11: tuple[str, bytes], soap12: tuple[str, bytes]) -> RenderedFault: ...
+
+@final
+class Table:
+    """The routes by name and a fault for every refusal the frame makes itself (ValueError otherwise)."""
+
+    def __new__(cls, routes: dict[str, Route], faults: dict[str, RenderedFault]) -> Table: ...
+
+@final
+class ReplayCheck:
+    url: str
+    keys: list[tuple[bytes, int]]  # (Redis key, TTL in ms)
+    epoch_key: bytes
+    since_ms: int  # the message's freshness evidence
+    def __new__(cls, url: str, keys: list[tuple[bytes, int]], epoch_key: bytes, since_ms: int) -> ReplayCheck: ...
+
+@disjoint_base
+class ReplayOutcome:
+    @final
+    class First(ReplayOutcome):
+        __match_args__ = ()
+        def __new__(cls) -> ReplayOutcome.First: ...
+
+    @final
+    class Replayed(ReplayOutcome):
+        __match_args__ = ("index",)
+        @property
+        def index(self) -> int: ...
+        def __new__(cls, index: int) -> ReplayOutcome.Replayed: ...
+
+    @final
+    class BeforeEpoch(ReplayOutcome):
+        __match_args__ = ("epoch_ms", "since_ms")
+        @property
+        def epoch_ms(self) -> int: ...
+        @property
+        def since_ms(self) -> int: ...
+        def __new__(cls, epoch_ms: int, since_ms: int) -> ReplayOutcome.BeforeEpoch: ...
+
+    @final
+    class Unavailable(ReplayOutcome):
+        __match_args__ = ("reason",)
+        @property
+        def reason(self) -> str: ...
+        def __new__(cls, reason: str) -> ReplayOutcome.Unavailable: ...
+
+@final
+class Answer:
+    status: int | None  # None: the message is passed on
+    body: bytes | None  # None: unchanged
+    headers: list[tuple[str, str]]
+    in_flight: Any
+    replay: ReplayCheck | None
+    @staticmethod
+    def forward(
+        body: bytes | None, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
+    ) -> Answer: ...
+    @staticmethod
+    def reply(
+        status: int, body: bytes, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
+    ) -> Answer: ...
+
+def serve(
+    worker: _Worker,
+    listen: str,
+    table: Table,
+    budget_bytes: int,
+    max_message_bytes: int,
+    grace_seconds: float = 5.0,
+) -> None: ...
+def counters() -> dict[str, Any]: ...
