@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
 PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: run test lint format check render certs clean bench soak load wss4j metro
+.PHONY: run test test-compose lint format check render certs clean bench soak load wss4j metro
 
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
@@ -52,6 +52,11 @@ run: $(STAMP)
 test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
+
+# The Compose stack for real (tests/test_compose_stack.py, docs/compose.md): stand-in base images, the build, the
+# stack up, every profile, scaling, a killed replica, a policy roll, hardening. Needs a running Docker engine.
+test-compose: $(STAMP)
+	$(BIN)/pytest -q -s --compose tests/test_compose_stack.py
 
 # Besides ruff and cargo: the frame/engine contract, the compiled frame against its stub (stubtest) and the glue
 # against the stub (mypy).

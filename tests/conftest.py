@@ -13,6 +13,28 @@ from certs import pki as pki_mod
 from tests.harness import start_redis, stop
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--compose",
+        action="store_true",
+        help="run the Compose stack tests (marked compose; `make test-compose`): a Docker engine, minutes of builds",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "compose: builds the images and runs the Compose stack (pytest --compose)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without --compose the stack tests are deselected (counted in the summary), not skipped one by one."""
+    if config.getoption("--compose"):
+        return
+    deselected = [i for i in items if i.get_closest_marker("compose")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [i for i in items if not i.get_closest_marker("compose")]
+
+
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly generated demo PKI folder (see certs/pki.py for its files)."""

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from certs import pki
+from filters.stores import replay
 from gateway.control import envoy_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,3 +195,24 @@ def test_named_volumes_only(compose: dict[str, Any], services: dict[str, dict[st
     for name, svc in services.items():
         for target, (source, _) in mounts(svc).items():
             assert source in compose["volumes"], f"{name}: {target} is mounted from {source}, not a named volume"
+
+
+def test_every_service_has_a_read_only_root_filesystem(services: dict[str, dict[str, Any]]) -> None:
+    for name in ("envoy", "filter", "backend", "redis", "locust-master", "locust-worker", "certs", "config"):
+        assert services[name].get("read_only") is True, f"{name}: writable root filesystem"
+
+
+def test_filter_replicas_export_metrics_inside_the_network(services: dict[str, dict[str, Any]]) -> None:
+    filt = services["filter"]
+    port = option(filt["command"], "--metrics-port")
+    assert port in {str(p) for p in filt["expose"]}
+    assert not filt.get("ports")
+
+
+def test_redis_healthcheck_starts_the_replay_epoch(services: dict[str, dict[str, Any]]) -> None:
+    """The filters wait for Redis's health: the epoch must exist before their first message (docs/compose.md)."""
+    test = services["redis"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "redis-cli", "EVAL"]
+    assert "'NX'" in test[3] and "redis.call('TIME')" in test[3]
+    assert test[4:] == ["1", replay.EPOCH_KEY.decode()]
+    assert depends(services["filter"])["redis"] == "service_healthy"

@@ -109,10 +109,23 @@ def _split(where: str, line: str, concrete: bool) -> Iterator[Command]:
             argv.append(token)
 
 
+def copied_in(text: str) -> set[str]:
+    """Files a document's own `cp FILE DIR/` lines make: later commands may name them."""
+    made = set()
+    for src, dst in re.findall(r"^cp (\S+) (\S+)$", text, flags=re.M):
+        if (REPO / src).is_file():
+            made.add(dst + Path(src).name if dst.endswith("/") else dst)
+    return made
+
+
 def problems_in(name: str, text: str) -> list[str]:
     found = []
+    made = copied_in(text)
     for cmd in commands(name, text):
-        found += [f"{cmd.where}: `{shlex.join(cmd.argv)}`: {p}" for p in check_command(cmd)]
+        problems = [
+            p for p in check_command(cmd) if p.removeprefix("no file ").removesuffix(" in the repository") not in made
+        ]
+        found += [f"{cmd.where}: `{shlex.join(cmd.argv)}`: {p}" for p in problems]
     found += [f"{name}: {p}" for p in check_links(name, text)]
     return found
 

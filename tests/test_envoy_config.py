@@ -195,3 +195,13 @@ def test_defaults_normalize_paths_and_strip_what_the_gateway_vouches_for() -> No
 def test_ambiguous_path_pattern(path: str, refused: bool) -> None:
     """The pattern Envoy (RE2) applies to the normalized path; Python's re reads this subset the same way."""
     assert bool(re.fullmatch(envoy_config.AMBIGUOUS_PATH, path)) is refused
+
+
+def test_a_new_route_is_not_refused_for_a_cluster_envoy_has_not_read_yet() -> None:
+    """lds.yaml and cds.yaml are applied in no fixed order (seen in Compose: a route added by a policy roll was
+    refused, "unknown cluster", and never applied): routes must not make Envoy validate their clusters."""
+    lds = yaml.safe_load(render_repo()["lds.yaml"])
+    for listener in lds["resources"]:
+        for chain in listener["filter_chains"]:
+            hcm = chain["filters"][0]["typed_config"]
+            assert hcm["route_config"]["validate_clusters"] is False, listener["name"]

@@ -397,6 +397,10 @@ def _http_connection_manager(
             "early_header_mutation_extensions": [_early_header_mutation(policies)],
             "route_config": {
                 "name": f"{name}_routes",
+                # Envoy applies lds.yaml and cds.yaml in no fixed order: a new route's listener update must not be
+                # rejected for a cluster it has not read yet (the update would be lost: the file does not change
+                # again). Until the cluster arrives the route answers 503.
+                "validate_clusters": False,
                 "virtual_hosts": [{"name": "soap", "domains": ["*"], "routes": routes}],
                 **_direct_response_limit(published),
             },
