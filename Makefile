@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
 PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: run test test-compose test-fast lint format check render certs clean bench soak load wss4j
+.PHONY: run test test-compose test-fast lint format check render certs clean bench soak load wss4j metro
 
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
@@ -35,11 +35,21 @@ $(WSS4J_JAR): $(WSS4J)/pom.xml $(wildcard $(WSS4J)/src/main/java/wsgate/interop/
 
 wss4j: $(WSS4J_JAR)
 
+# The Metro interop client (tests/interop/metro: Eclipse Metro 4.0.4, pinned in its pom.xml), one runnable jar.
+METRO := tests/interop/metro
+METRO_JAR := $(METRO)/target/metro-client.jar
+$(METRO_JAR): $(METRO)/pom.xml $(wildcard $(METRO)/src/main/java/wsgate/metro/*.java)
+	@command -v mvn >/dev/null || { echo "mvn not found: the Metro interop tests need Maven 3 and Java 17 (README)"; exit 1; }
+	cd $(METRO) && mvn -q -B package
+	touch $(METRO_JAR)
+
+metro: $(METRO_JAR)
+
 run: $(STAMP)
 	$(BIN)/wsgate certs init
 	$(BIN)/wsgate up
 
-test: $(STAMP) $(WSS4J_JAR) lint
+test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
 
@@ -78,7 +88,7 @@ certs: $(STAMP)
 	$(BIN)/wsgate certs init
 
 clean:
-	rm -rf run .pytest_cache .ruff_cache .mypy_cache $(FRAME)/target $(WSS4J)/target
+	rm -rf run .pytest_cache .ruff_cache .mypy_cache $(FRAME)/target $(WSS4J)/target $(METRO)/target
 
 # The benchmark: its own gateway on free ports, every profile x size; prints the tables, writes loadtest/out/.
 # Needs Debian's wrk. BENCH_ARGS passes options, e.g. BENCH_ARGS="--profiles none,xml --sizes small".

@@ -145,6 +145,9 @@ class SignaturePolicy(Strict):
 class EncryptionPolicy(Strict):
     require_request: bool = False  # the request Body must arrive encrypted
     encrypt_response: bool = False
+    # CBC (for clients without GCM: Metro, older .NET) is off unless listed, and then taken only where it teaches
+    # its sender nothing: a key from an EncryptedKey once, any other key under a signature over the ciphertext
+    # made with it (filters/engine/wss/wssecurity._check_cbc, docs/interop.md "CBC"); CBC is sent encrypt-then-sign.
     data_algorithms: list[DataAlgorithm] = ["aes256-gcm", "aes128-gcm"]
     key_transport: list[KeyTransport] = ["rsa-oaep-mgf1p", "rsa-oaep"]
     response_algorithm: DataAlgorithm = "aes256-gcm"
@@ -158,6 +161,8 @@ class EncryptionPolicy(Strict):
     def _signature_with_body(self) -> EncryptionPolicy:
         if self.encrypt_signature and not self.encrypt_response:
             raise ValueError("encrypt_signature needs encrypt_response: the Signature is encrypted with the Body")
+        if self.encrypt_signature and self.response_algorithm.endswith("-cbc"):
+            raise ValueError("encrypt_signature needs a GCM response_algorithm: CBC is sent encrypt-then-sign")
         return self
 
 

@@ -12,6 +12,7 @@ EXC_C14N = "http://www.w3.org/2001/10/xml-exc-c14n#"
 WSA = "http://www.w3.org/2005/08/addressing"
 WSA_2004 = "http://schemas.xmlsoap.org/ws/2004/08/addressing"  # the member submission, still widely sent
 ADDRESSING = (WSA, WSA_2004)
+WSAM = "http://www.w3.org/2007/05/addressing/metadata"  # WS-Addressing 1.0 Metadata: the wsam:Addressing assertion
 # Service descriptions: WSDL 1.1 and its SOAP bindings, XML Schema, WS-Policy, WS-SecurityPolicy.
 WSDL = "http://schemas.xmlsoap.org/wsdl/"
 WSDL_SOAP11 = "http://schemas.xmlsoap.org/wsdl/soap/"

@@ -147,8 +147,14 @@ class SecuredPipeline(RoutePipeline):
     ) -> None:
         """Secure a reply; its Signature encrypted with its Body where the policy says (encrypt_signature)."""
         encrypt_signature = self.route.encryption.encrypt_signature and sign is not None and encrypt is not None
-        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, encrypt=encrypt, tokens=tokens,
-                       encrypt_signature=encrypt_signature)  # fmt: skip
+        # The reply's WS-Addressing headers signed where the published policy's SignedParts name them (the route
+        # signs addressing; a SecureConversation bootstrap always does): Metro refuses a reply without them.
+        route = self.route
+        parts = ("body", "timestamp")
+        if "addressing" in route.signature.parts or route.profile == "secureconversation":
+            parts += ("addressing",)
+        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, sign_parts=parts,
+                       encrypt=encrypt, tokens=tokens, encrypt_signature=encrypt_signature)  # fmt: skip
 
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
         """How to secure the response to a request that established `verified`."""
@@ -176,7 +182,8 @@ class SecuredPipeline(RoutePipeline):
         key_info = _key_info_for(ref)
         sign = None
         if route.hmac.sign_response:
-            sign = sending.SignWith(signer=signature.Signer(secret, _hmac_algorithm(route), _digest(route)),
+            algorithm_used = _hmac_algorithm(route, verified.signature_algorithm)
+            sign = sending.SignWith(signer=signature.Signer(secret, algorithm_used, _digest(route)),
                                        key_info=key_info, optimizations=self.optimizations)  # fmt: skip
         encrypt = None
         if route.encryption.encrypt_response:
@@ -243,6 +250,10 @@ class SecureConversationPipeline(SecuredPipeline):
                 env.version, answer.response, action=rst.version.issue_reply_action, relates_to=relates_to
             )
             sign, encrypt, tokens = self.response_security(verified)
+            if encrypt is None and (answer.key_in_body or verified.decrypted_body):
+                # The key travels in this Body (or the client protected its own entropy: so is the issuer's).
+                algorithm = route.encryption.response_algorithm
+                encrypt = sending.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
         else:
             if verified.context is None:
                 raise faults.security("InvalidSecurity", "a Cancel request must be signed with the context's keys")
@@ -258,19 +269,25 @@ class SecureConversationPipeline(SecuredPipeline):
             return super().response_security(verified)
         return context_security(
             verified.context, self.route, encrypt=self.route.encryption.encrypt_response,
-            optimizations=self.optimizations,
+            optimizations=self.optimizations, algorithm=verified.signature_algorithm,
         )  # fmt: skip
 
 
 def context_security(
-    ctx: sc.Context, route: Route, *, encrypt: bool, optimizations: Optimizations | None = None
+    ctx: sc.Context,
+    route: Route,
+    *,
+    encrypt: bool,
+    optimizations: Optimizations | None = None,
+    algorithm: str | None = None,
 ) -> ResponseSecurity:
-    """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this."""
+    """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this. `algorithm`:
+    the request's signature algorithm, answered in where the route allows it."""
     keys_ = sc.message_keys(ctx)
     dk = ctx.version.dk_token_type
     signing, encrypting = keys_.signing, keys_.encryption
     sign = sending.SignWith(
-        signer=signature.Signer(signing.key, _hmac_algorithm(route), _digest(route)),
+        signer=signature.Signer(signing.key, _hmac_algorithm(route, algorithm), _digest(route)),
         key_info=lambda: keys.str_reference(signing.id, dk),
         optimizations=optimizations,
     )
@@ -316,8 +333,13 @@ def _rsa_algorithm(route: Route) -> str:
     return next((a for a in route.signature.algorithms if a.startswith("rsa")), "rsa-sha256")
 
 
-def _hmac_algorithm(route: Route) -> str:
-    return next((a for a in route.signature.algorithms if a.startswith("hmac")), "hmac-sha256")
+def _hmac_algorithm(route: Route, used: str | None = None) -> str:
+    """The request's HMAC algorithm where the route allows it (a client that signed HMAC-SHA1, as Metro and every
+    SP suite do, may verify nothing else), else the route's first."""
+    allowed = [a for a in route.signature.algorithms if a.startswith("hmac")]
+    if used in allowed:
+        return used
+    return allowed[0] if allowed else "hmac-sha256"
 
 
 def _digest(route: Route) -> str:

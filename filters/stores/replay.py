@@ -160,10 +160,21 @@ class DeferredRedisReplay(DeferredReplay):
         self.url = url
         self.prefix = prefix.encode()
         self._timeout_s = timeout_s
-        self._client: redis.Redis | None = None  # for `settle` only, opened on first use
+        self._client: redis.Redis | None = None  # for `settle` and `claim` only, opened on first use
 
     def key(self, key: bytes, ttl_s: float, fault: faults.Fault) -> DeferredKey:
         return DeferredKey(*_redis_entry(self.prefix, key, ttl_s), fault)
+
+    @metrics.timed("replay")
+    def claim(self, key: DeferredKey) -> None:
+        if self._client is None:
+            self._client = _redis_client(self.url, self._timeout_s)
+        try:
+            created = self._client.set(key.name, b"1", nx=True, px=key.px)
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from None
+        if not created:
+            raise key.fault
 
     @metrics.timed("replay")
     def settle(self, keys: Sequence[DeferredKey], since_ms: int) -> None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from certs import pki
-from gateway.control import envoy_config
+from gateway.control import envoy_config, published_policy
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet
@@ -61,6 +61,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     for r in ps.routes:
         print(f"ok  {r.name:24} {r.profile:18} {r.match.path_prefix} -> {r.upstream.address}  ({ps.sources[r.name]})")
+        if r.wsdl is not None and r.wsdl.publish:
+            for gap in published_policy.gaps(r):
+                print(f"    published policy: {gap}")
         for warning in pattern_warnings(r) if r.schema_validation.enabled else []:
             print(f"warning: route {r.name}: {warning}", file=sys.stderr)
     return 0

@@ -31,7 +31,7 @@ DEMO_USERS = "certs/out/users.yaml"
 # The suite's parts (WS-SecurityPolicy 1.2 section 6.1): digest, data encryption, key transport.
 _SUITE = re.compile(r"^(Basic256|Basic192|Basic128|TripleDes)(Sha256)?(Rsa15)?$")
 _GCM_FOR = {"Basic256": "aes256-gcm", "Basic128": "aes128-gcm"}
-_IGNORED = {"Layout", "OnlySignEntireHeadersAndBody", "EncryptBeforeSigning", "SignBeforeEncrypting"}
+_IGNORED = {"Layout", "OnlySignEntireHeadersAndBody", "SignBeforeEncrypting"}
 
 
 @dataclass
@@ -69,6 +69,8 @@ class _State:
     bootstrap_asymmetric: bool = False
     encrypt_signature: bool = False
     trust: str | None = None
+    encrypt_first: bool = False  # EncryptBeforeSigning: CBC is taken as the gateway takes it (signed ciphertext)
+    rsa_sha256: bool = False  # Metro's signatureAlgorithm="SHA256withRSA" on the AlgorithmSuite
 
 
 def _sp(el: etree._Element) -> str | None:
@@ -192,7 +194,10 @@ def _x509(st: _State, holder: etree._Element, role: str) -> bool:
 
 def _binding_common(st: _State, inner: etree._Element, binding: str) -> None:
     name = _sp(inner)
-    if name == "AlgorithmSuite":
+    if name == "EncryptBeforeSigning":
+        st.encrypt_first = True
+    elif name == "AlgorithmSuite":
+        st.rsa_sha256 = st.rsa_sha256 or inner.get("signatureAlgorithm") == "SHA256withRSA"
         suites = [_name(s) for s in st.defs.nested(inner, st.notes)]
         st.suite = suites[0] if suites else None
         for extra in suites[1:]:
@@ -267,7 +272,8 @@ def _signed_parts(st: _State, el: etree._Element) -> None:
         name = _sp(part)
         if name == "Body":
             continue
-        if name == "Header" and part.get("Namespace") in ns.ADDRESSING and part.get("Name"):
+        # One WS-Addressing header or all of them (no Name): the gateway's `addressing` part signs every one.
+        if name == "Header" and part.get("Namespace") in ns.ADDRESSING:
             if "addressing" not in st.parts:
                 st.parts.append("addressing")
         elif name == "Header":
@@ -323,11 +329,15 @@ def _algorithms(st: _State) -> tuple[list[str], list[str], dict[str, object]]:
     digest = "sha256" if sha256 else "sha1"
     if digest == "sha1":
         st.notes.append(f"AlgorithmSuite {suite}: SHA-1 signatures and digests, as the policy asks")
-    algorithms = [f"{keyed}-{digest}"]
+    rsa = "rsa-sha256" if st.rsa_sha256 else f"rsa-{digest}"
+    # Every SP suite names HMAC-SHA1 for symmetric signatures (Metro signs nothing else); SHA-256 suites keep
+    # HMAC-SHA256 first for the clients that sign with it. The reply answers in the algorithm the client used.
+    algorithms = [rsa] if keyed == "rsa" else [f"hmac-{digest}", *(["hmac-sha1"] if digest == "sha256" else [])]
     if st.bootstrap_asymmetric:
-        algorithms.insert(0, f"rsa-{digest}")
+        algorithms.insert(0, rsa)
     encryption: dict[str, object] = {}
     uses_encryption = st.encrypt_request or st.encrypt_response or st.profile in ("hmac", "secureconversation")
+    uses_encryption = uses_encryption or st.encrypt_first
     data = _GCM_FOR.get(base)
     if data is None:
         if st.encrypt_request or st.encrypt_response:
@@ -336,10 +346,17 @@ def _algorithms(st: _State) -> tuple[list[str], list[str], dict[str, object]]:
             st.unmapped.append(f"AlgorithmSuite {suite}: {base} encryption is not supported (nothing is encrypted)")
         return algorithms, [digest], encryption
     if uses_encryption:
-        if not gcm:
-            st.notes.append(f"AlgorithmSuite {suite}: {base} asks for AES-CBC, the gateway takes {data} (CBC is open "
-                            "to padding-oracle attacks); clients must encrypt with GCM")  # fmt: skip
-        encryption = {"data_algorithms": [data], "response_algorithm": data, "key_transport": ["rsa-oaep-mgf1p"]}
+        if not gcm and st.encrypt_first:
+            cbc = data.replace("-gcm", "-cbc")
+            st.notes.append(f"AlgorithmSuite {suite} with EncryptBeforeSigning: {cbc} taken as the gateway takes CBC "
+                            f"(single-use keys, signed ciphertext), {data} too; replies in {cbc}")  # fmt: skip
+            encryption = {"data_algorithms": [data, cbc], "response_algorithm": cbc,
+                          "key_transport": ["rsa-oaep-mgf1p"]}  # fmt: skip
+        else:
+            if not gcm:
+                st.notes.append(f"AlgorithmSuite {suite}: {base} asks for AES-CBC, the gateway takes {data} (CBC is "
+                                "open to padding-oracle attacks); clients must encrypt with GCM")  # fmt: skip
+            encryption = {"data_algorithms": [data], "response_algorithm": data, "key_transport": ["rsa-oaep-mgf1p"]}
         if rsa15:
             st.notes.append(f"AlgorithmSuite {suite}: RSA 1.5 key transport refused (Bleichenbacher), RSA-OAEP taken")
     return algorithms, [digest], encryption

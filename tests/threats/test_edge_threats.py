@@ -299,7 +299,8 @@ def _issue_proof(gw: LiveGateway, pki: Path, *, tls: bool, headers: bytes) -> st
 def test_a_spoofed_forwarded_proto_does_not_make_plain_http_confidential(gw: LiveGateway, pki: Path) -> None:
     """Client entropy sent in clear over plain HTTP is not used for the key, whatever x-forwarded-proto says."""
     spoof = b"x-forwarded-proto: https\r\nx_forwarded_proto: https\r\nforwarded: proto=https\r\n"
-    assert _issue_proof(gw, pki, tls=False, headers=spoof) == "EncryptedKey"
+    # A fresh key, as a BinarySecret in a Body encrypted to the requester: the clear entropy is not used.
+    assert _issue_proof(gw, pki, tls=False, headers=spoof) == "BinarySecret"
     assert _issue_proof(gw, pki, tls=True, headers=b"x-forwarded-proto: http\r\n") == "ComputedKey"  # TLS is
 
 

@@ -22,7 +22,7 @@ from lxml import etree
 
 from filters.engine import faults, ns
 from filters.engine.conversation import contexts, ws_trust
-from filters.engine.wss import encryption, keys
+from filters.engine.wss import keys
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss.secure_conversation import VERSIONS, WSC_1_3, WSC_2005_02, Context, Version
 from filters.engine.xml.threat_protection import parse_envelope
@@ -694,14 +694,18 @@ def test_rstr_shape_with_computed_key(
     assert rstr.findtext(f"{ns.q(wst, 'Lifetime')}/{ns.q(ns.WSU, 'Expires')}", "").endswith("Z")
 
 
-def test_rstr_with_encrypted_key(
+def test_rstr_without_entropy_carries_the_key_for_an_encrypted_body(
     master_keys: Path, client_key: rsa.RSAPrivateKey, client_cert: x509.Certificate
 ) -> None:
+    """No entropy to compute from: a fresh key as a BinarySecret proof (the form Metro, CXF and WCF all parse),
+    and the answer says the reply's Body must be encrypted to the requester (the pipeline does)."""
     answer, got = issue(sealed(master_keys), WSC_2005_02, client_key, client_cert, entropy=None)
     proof = answer.response.find(ns.q(WSC_2005_02.wst, "RequestedProofToken"))
-    assert proof is not None and names(proof) == ["EncryptedKey"]
+    assert proof is not None and names(proof) == ["BinarySecret"]
+    assert proof[0].get("Type") == WSC_2005_02.symmetric_key_type
     assert answer.response.find(ns.q(WSC_2005_02.wst, "Entropy")) is None
-    assert encryption.decrypt_key(proof[0], client_key, ["rsa-oaep-mgf1p"]) == got.context.secret
+    assert answer.key_in_body
+    assert base64.b64decode(proof[0].text or "") == got.context.secret
 
 
 def test_entropy_sent_in_the_clear_is_not_used(
@@ -710,7 +714,7 @@ def test_entropy_sent_in_the_clear_is_not_used(
     entropy = os.urandom(32)
     answer, got = issue(sealed(master_keys), V, client_key, client_cert, entropy=entropy, confidential=False)
     proof = answer.response.find(f".//{ns.q(V.wst, 'RequestedProofToken')}")
-    assert proof is not None and names(proof) == ["EncryptedKey"]
+    assert proof is not None and names(proof) == ["BinarySecret"] and answer.key_in_body
     assert got.context.secret == answer.context.secret
 
 
@@ -747,8 +751,12 @@ def test_client_refuses_unusable_rstrs(
         NOW,
         entropy_confidential=True,
     ).response
+    short = copy.deepcopy(encrypted)
+    secret = short.find(f".//{ns.q(V.wst, 'RequestedProofToken')}/{ns.q(V.wst, 'BinarySecret')}")
+    assert secret is not None
+    secret.text = base64.b64encode(os.urandom(16)).decode()
     with refused("InvalidSecurityToken"):
-        ws_trust.read_rstr(encrypted, entropy=None, private_key=None)
+        ws_trust.read_rstr(short, entropy=None, private_key=None)
     two = copy.deepcopy(encrypted)
     two.append(copy.deepcopy(two[0]))
     with refused("InvalidSecurityToken"):
@@ -1157,3 +1165,35 @@ def test_pipeline_looks_a_context_up_once_per_message(pki: Path, monkeypatch: py
     reply = pl.response(echo_response(forwarded), ex).body
     assert reply is not None
     assert client.open(reply, pending).body.findtext(".//{urn:wsgate:demo}text") == "once"
+
+
+def test_issue_sent_unencrypted_gets_its_key_only_in_an_encrypted_body(pki: Path) -> None:
+    """An Issue whose Body came in the clear (its entropy readable by anyone on the way): the key is fresh, not
+    computed from that entropy, and travels as a BinarySecret proof (the form Metro parses) in a reply Body
+    encrypted to the requester's certificate, whatever encrypt_response says."""
+    from datetime import UTC, datetime
+
+    from filters.engine.engine import Exchange
+    from filters.engine.profiles import SecureConversationPipeline
+    from gateway.policy import Route
+    from gateway.tools.client import Client, ClientConfig
+    from tests.support.wss_helpers import route_doc
+
+    doc = route_doc(pki, "secureconversation", name="sc",
+                    secureconversation={"store": "sealed", "master_keys_file": str(pki / "sct-master-keys.yaml")})  # fmt: skip
+    doc["upstream"] = {"address": "127.0.0.1:1"}
+    route = Route.model_validate(doc)
+    assert not route.encryption.encrypt_response
+    pl = SecureConversationPipeline(route, RouteStores())
+    client = Client(route, ClientConfig(certs=pki, encrypt=False))
+    entropy = os.urandom(32)
+    env = ws_trust.envelope("1.1", ws_trust.build_issue_rst(V, entropy=entropy), action=V.issue_action)
+    secured, pending = client._secure(env, datetime.now(UTC))
+    assert b"EncryptedData" not in secured and base64.b64encode(entropy) in secured
+    reply = pl.request(secured, {}, Exchange(route=route)).body
+    assert reply is not None and b"EncryptedData" in reply and b"BinarySecret" not in reply
+    rstr = client.open(reply, pending).body[0]
+    proof = rstr.find(f".//{ns.q(V.wst, 'RequestedProofToken')}")
+    assert proof is not None and names(proof) == ["BinarySecret"]
+    issued = ws_trust.read_rstr(rstr, entropy=entropy, private_key=client.private_key)
+    assert issued.context.secret == base64.b64decode(proof[0].text or "")

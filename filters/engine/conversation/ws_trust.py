@@ -19,7 +19,7 @@ from lxml import etree
 
 from filters.engine import faults, ns
 from filters.engine.conversation.contexts import ContextStore, random_identifier, unknown_context
-from filters.engine.wss import encryption, keys
+from filters.engine.wss import encryption
 from filters.engine.wss.secure_conversation import (
     BY_WST,
     DEFAULT_KEY_BITS,
@@ -146,6 +146,8 @@ def parse_rst(el: etree._Element) -> Rst:
 class IssueAnswer:
     response: etree._Element  # the RSTR (2005/02) or RSTR collection (1.3), for the reply's Body
     context: Context
+    # The key itself is in the RSTR (a BinarySecret proof): the reply's Body must go encrypted to the requester.
+    key_in_body: bool = False
 
 
 def answer_issue(
@@ -156,14 +158,14 @@ def answer_issue(
     now: datetime,
     *,
     entropy_confidential: bool,
-    transport: str = "rsa-oaep-mgf1p",
 ) -> IssueAnswer:
     """Establish a context for an Issue RST whose sender the bootstrap authenticated (`requester`, `subject`).
 
     With requestor entropy, and `entropy_confidential` (the request Body arrived encrypted, or over TLS), the
     key is computed: P_SHA1(requestor entropy, fresh issuer entropy), the issuer entropy in the RSTR. Otherwise
-    the key is fresh and travels in an xenc:EncryptedKey to `requester` (`transport`: policy key transport
-    name): requestor entropy sent in the clear would give the computed key to any eavesdropper of both."""
+    the key is fresh and travels as a BinarySecret proof token (`key_in_body`: the caller encrypts the reply's
+    Body to `requester`): requestor entropy sent in the clear would give the computed key to any eavesdropper of
+    both. A BinarySecret, not an EncryptedKey, because every stack parses it (Metro 4 takes no EncryptedKey proof)."""
     if rst.request_type != "issue":
         raise ValueError("answer_issue needs an Issue RST")
     version, size = rst.version, rst.key_size_bits // 8
@@ -180,10 +182,9 @@ def answer_issue(
     else:
         if not isinstance(requester.public_key(), rsa.RSAPublicKey):
             raise wst_fault(version, "RequestFailed", "the requester's certificate has no RSA key to encrypt to")
-        proof.append(
-            encryption.encrypt_key(secret, requester, transport, new_id("EK"), keys.str_issuer_serial(requester), [])
-        )
-    return IssueAnswer(_rstr(rst, ctx, proof, server_entropy), ctx)
+        binary = sub(proof, ns.q(version.wst, "BinarySecret"), base64.b64encode(secret).decode())
+        binary.set("Type", version.symmetric_key_type)
+    return IssueAnswer(_rstr(rst, ctx, proof, server_entropy), ctx, key_in_body=server_entropy is None)
 
 
 def _rstr(rst: Rst, ctx: Context, proof: etree._Element, server_entropy: bytes | None) -> etree._Element:
@@ -325,6 +326,10 @@ def read_rstr(
             raise invalid_token("ComputedKey, but no entropy was sent")
         server_entropy = base64_of(one(holder, ns.q(wst, "BinarySecret"), invalid_token), invalid_token)
         secret = p_sha1(entropy, server_entropy, size)
+    elif proof[0].tag == ns.q(wst, "BinarySecret"):  # in a reply whose Body was encrypted to us
+        secret = base64_of(proof[0], invalid_token)
+        if len(secret) != size:
+            raise invalid_token(f"BinarySecret proof of {len(secret)} bytes, {size} expected")
     elif proof[0].tag == ns.q(ns.XENC, "EncryptedKey"):
         if private_key is None:
             raise invalid_token("EncryptedKey proof token, but no private key to open it")

@@ -84,7 +84,7 @@ BLOCK = 16
 _CDATA = b"<![CDATA["
 
 
-def _failed(reason: str) -> faults.Fault:
+def failed(reason: str) -> faults.Fault:
     """The one decryption failure the client ever sees; `reason` is for the log only."""
     return faults.security("FailedCheck", reason)
 
@@ -130,12 +130,22 @@ def cipher_value(el: etree._Element, what: str) -> bytes:
     if value is None:
         raise faults.security("InvalidSecurity", f"{what} without CipherValue")
     if len(value):
-        raise _failed(f"{what}: CipherValue has child nodes")
+        raise failed(f"{what}: CipherValue has child nodes")
     try:
         # Non-strict: CipherValues are often line-wrapped; whitespace is skipped without a copy.
         return binascii.a2b_base64(value.text or "")
     except (binascii.Error, ValueError):
-        raise _failed(f"{what}: CipherValue is not base64") from None
+        raise failed(f"{what}: CipherValue is not base64") from None
+
+
+def is_cbc(algorithm: str) -> bool:
+    """Whether a data algorithm (policy name) is CBC: unauthenticated, its padding an oracle if decrypted unchecked."""
+    return not _DATA[algorithm].gcm
+
+
+def cbc_data(ed: etree._Element, allowed: Sequence[str]) -> bool:
+    """Whether an EncryptedData uses a CBC algorithm (checked against `allowed` first)."""
+    return not _data_algorithm(ed, allowed).gcm
 
 
 def data_key_size(ed: etree._Element, allowed: Sequence[str]) -> int:
@@ -254,9 +264,9 @@ def decrypt_key(
     try:
         key = private_key.decrypt(ciphertext, pad)
     except ValueError:
-        raise _failed(f"EncryptedKey: {transport} decryption failed") from None
+        raise failed(f"EncryptedKey: {transport} decryption failed") from None
     if (key_size and len(key) != key_size) or not key:
-        raise _failed(f"EncryptedKey: key of {len(key)} bytes, {key_size} needed")
+        raise failed(f"EncryptedKey: key of {len(key)} bytes, {key_size} needed")
     return key
 
 
@@ -316,24 +326,24 @@ def encrypt_key(
 def _decrypt(alg: _DataAlgorithm, key: bytes, data: bytes) -> tuple[bytes, ...]:
     """The plaintext, in pieces that are fed to the parser as they are (no copy to strip CBC padding)."""
     if len(key) != alg.key_size:
-        raise _failed(f"EncryptedData: key of {len(key)} bytes for a {alg.key_size}-byte algorithm")
+        raise failed(f"EncryptedData: key of {len(key)} bytes for a {alg.key_size}-byte algorithm")
     view = memoryview(data)
     if alg.gcm:
         if len(data) < GCM_IV + GCM_TAG:
-            raise _failed(f"EncryptedData: GCM CipherValue of {len(data)} bytes is too short")
+            raise failed(f"EncryptedData: GCM CipherValue of {len(data)} bytes is too short")
         try:
             return (AESGCM(key).decrypt(view[:GCM_IV], view[GCM_IV:], None),)
         except InvalidTag:
-            raise _failed("EncryptedData: GCM authentication tag mismatch") from None
+            raise failed("EncryptedData: GCM authentication tag mismatch") from None
     if len(data) < 2 * BLOCK or len(data) % BLOCK:
-        raise _failed(f"EncryptedData: CBC CipherValue of {len(data)} bytes is not IV + whole blocks")
+        raise failed(f"EncryptedData: CBC CipherValue of {len(data)} bytes is not IV + whole blocks")
     decryptor = Cipher(algorithms.AES(key), modes.CBC(view[:BLOCK])).decryptor()
     head = decryptor.update(view[BLOCK:-BLOCK])
     last = decryptor.update(view[-BLOCK:]) + decryptor.finalize()
     # XML Encryption padding: the last byte is the pad length (1..16), the other pad bytes are arbitrary.
     pad = last[-1]
     if not 1 <= pad <= BLOCK:
-        raise _failed("EncryptedData: bad CBC padding")
+        raise failed("EncryptedData: bad CBC padding")
     return (head, last[: BLOCK - pad])
 
 
@@ -358,7 +368,7 @@ def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits:
         # namespaces in scope; not the EncryptedData's own: .NET declares xenc as the default namespace there).
         wrapper = threat_protection.parse_fragment(chunks, parent.nsmap, limits, depth)
     except faults.Fault as fault:
-        raise _failed(f"EncryptedData: decrypted content refused: {fault.reason}") from None
+        raise failed(f"EncryptedData: decrypted content refused: {fault.reason}") from None
     nodes = list(wrapper)
     if kind == TYPE_ELEMENT and not (
         len(nodes) == 1
@@ -366,7 +376,7 @@ def decrypt_data(ed: etree._Element, key: bytes, allowed: Sequence[str], limits:
         and not (wrapper.text or "").strip()
         and not (nodes[0].tail or "").strip()
     ):
-        raise _failed("EncryptedData: Type Element but the plaintext is not one element")
+        raise failed("EncryptedData: Type Element but the plaintext is not one element")
     if kind == TYPE_CONTENT and not nodes and not wrapper.text:
         xmlsupport.remove(ed)  # empty plaintext: nothing to parse in place (libxml2 refuses an empty chunk)
         return [parent]
@@ -405,9 +415,9 @@ def _put_back(ed: etree._Element, key: bytes) -> etree._Element:
     try:
         landed = ctx.decrypt(ed)
     except xmlsec.Error as exc:
-        raise _failed(f"EncryptedData: putting the plaintext back failed ({type(exc).__name__})") from None
+        raise failed(f"EncryptedData: putting the plaintext back failed ({type(exc).__name__})") from None
     if not isinstance(landed, etree._Element):
-        raise _failed("EncryptedData: plaintext was not put back")
+        raise failed("EncryptedData: plaintext was not put back")
     return landed
 
 

@@ -71,6 +71,11 @@ class DeferredReplay(ABC):
     def key(self, key: bytes, ttl_s: float, fault: faults.Fault) -> DeferredKey: ...
 
     @abstractmethod
+    def claim(self, key: DeferredKey) -> None:
+        """Set one key now, before the engine goes on; raise its fault if it was set (no epoch: not a freshness
+        check). For what must not happen even once more, as a CBC key's use (wssecurity._check_cbc)."""
+
+    @abstractmethod
     def settle(self, keys: Sequence[DeferredKey], since_ms: int) -> None:
         """Set every key; raise the fault of the first key that was already set, or `before_epoch` when the message
         is not newer than the store's epoch."""

@@ -40,6 +40,9 @@ ENCRYPTED_DATA = ns.q(ns.XENC, "EncryptedData")
 KEY_INFO = ns.q(ns.DS, "KeyInfo")
 WSU_ID = ns.q(ns.WSU, "Id")
 ANONYMOUS = "anonymous"
+# How long an EncryptedKey that decrypted CBC is remembered: past the replay window, so that one copy of it
+# gets one decryption a day at most, not one per window (docs/interop.md "CBC").
+CBC_KEY_MEMORY_S = 86400
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -91,6 +94,7 @@ class Verified:
     # "key:<name>" (a pre-shared key) or ANONYMOUS (a key from an EncryptedKey and nothing else).
     subject: str | None = None
     symmetric_key: bytes | None = None  # the key an HMAC signature was made with
+    signature_algorithm: str | None = None  # the verified signature's (policy name): a reply may answer in it
     key_reference: keys.KeyRef | None = None  # how the sender named that key, to name it back in a reply
     username: str | None = None
     timestamp: timestamp.Window | None = None
@@ -124,6 +128,8 @@ class _State:
     decrypted_with: dict[etree._Element, bytes] = field(default_factory=dict)
     username_token: etree._Element | None = None  # the header's one UsernameToken, authenticated after the walk
     username_key: bytes | None = None  # the key it arrived encrypted under
+    key_carriers: list[tuple[bytes, etree._Element]] = field(default_factory=list)  # opened EncryptedKeys
+    cbc_keys_used: list[bytes] = field(default_factory=list)  # keys that decrypted CBC (once per message)
     scts: dict[str, sc.Sct] = field(default_factory=dict)
     resolve: sc.SctResolver | None = None  # the message's one resolver: each context looked up once
     signatures: int = 0
@@ -295,7 +301,46 @@ def _encrypted_key(st: _State, ek: etree._Element) -> bool:
 def _open_encrypted_key(st: _State, ek: etree._Element, key_size: int | None = None) -> bytes:
     if st.creds.decryption_key is None:
         raise faults.security("SecurityTokenUnavailable", "EncryptedKey sent to a route without a decryption key")
-    return encryption.decrypt_key(ek, st.creds.decryption_key, st.req.encryption.key_transport, key_size)
+    secret = encryption.decrypt_key(ek, st.creds.decryption_key, st.req.encryption.key_transport, key_size)
+    st.key_carriers.append((secret, ek))
+    return secret
+
+
+def _check_cbc(st: _State, ed: etree._Element, secret: bytes) -> None:
+    """A CBC EncryptedData is decrypted only where its padding and parse errors teach its sender nothing (the
+    Jager-Somorovsky oracle; docs/interop.md "CBC"). A key that came in an EncryptedKey decrypts CBC in one message
+    only: the EncryptedKey is claimed in the replay store, settled now even where the store defers, before the first
+    byte is decrypted, so a copy of someone else's EncryptedKey with changed ciphertext (any number of
+    EncryptedData in that one message: the first failure ends it) is refused unopened. Any other key (pre-shared,
+    derived from a security context) is reused by design: then a signature verified before decryption must cover
+    the ciphertext (encrypt-then-sign) and be made with that key or one of the same context, so its maker holds
+    the key already and a changed ciphertext is refused before it is decrypted.
+
+    The receiving side with no replay store (a client reading its reply, which answers nobody) needs the
+    covering signature whatever the key."""
+    carrier = next((ek for key, ek in st.key_carriers if key is secret), None)
+    if carrier is not None and st.creds.replay is not None:
+        if all(key is not secret for key in st.cbc_keys_used):
+            st.cbc_keys_used.append(secret)
+            _claim_now(st, b"cbc-key:" + encrypted_key_sha1(carrier).encode(), encryption.failed("CBC key reused"))
+        return
+    if not st.out.covers(ed):
+        raise encryption.failed("CBC EncryptedData not covered by a signature verified before decryption")
+    if carrier is None and st.out.symmetric_key is None:
+        raise encryption.failed("CBC EncryptedData under a shared key its X.509 signer need not hold")
+    derived = st.out.context is not None and any(st.secret_by_id.get(i) is secret for i in st.derived_ids)
+    if carrier is None and not (derived or hmac.compare_digest(secret, st.out.symmetric_key or b"")):
+        raise encryption.failed("CBC EncryptedData under a key its signature was not made with")
+
+
+def _claim_now(st: _State, key: bytes, used: faults.Fault) -> None:
+    """Set a replay key before going on, whatever the store (a deferred one is settled for this key at once)."""
+    store = st.creds.replay
+    assert store is not None
+    if isinstance(store, DeferredReplay):
+        store.claim(store.key(key, CBC_KEY_MEMORY_S, used))
+    elif store.seen(key, CBC_KEY_MEMORY_S):
+        raise used
 
 
 def encrypted_key_sha1(ek: etree._Element) -> str:
@@ -320,6 +365,8 @@ def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
     parent = ed.getparent()
     assert parent is not None
     was_signed = st.out.covers(ed)
+    if encryption.cbc_data(ed, st.req.encryption.data_algorithms):
+        _check_cbc(st, ed, secret)
     landing = encryption.decrypt_data(ed, secret, st.req.encryption.data_algorithms, st.req.limits)
     drop_comments(parent)  # decrypted content is read and forwarded like the rest
     st.decrypted.append((parent, landing, was_signed))
@@ -415,6 +462,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
     _first_sight(st, b"sig:" + verified.signature_value, _replay_ttl(st), replayed)
     st.out.signed.extend(verified.elements)
+    st.out.signature_algorithm = verified.algorithm
     st.signature = sig
     if isinstance(key, bytes):
         st.out.symmetric_key = key

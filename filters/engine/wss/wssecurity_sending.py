@@ -122,8 +122,8 @@ def secure(
     give it the signing key (the binding's, or a pre-shared one) so the receiver can tie the two together.
     `encrypt_signature` (with `encrypt`): the ds:Signature, once made, is encrypted like the Body
     (WS-SecurityPolicy EncryptSignature, WSS4J's encryptSignature)."""
-    if encrypt_signature and (encrypt is None or sign is None):
-        raise ValueError("encrypting the signature needs a signature and a Body encryption")
+    if encrypt_signature and (encrypt is None or sign is None or encryption.is_cbc(encrypt.algorithm)):
+        raise ValueError("encrypting the signature needs a signature and a Body encryption, not CBC")
     drop_comments(env.root)  # what the receiver's C14N verifies is then all there is to read
     header = env.ensure_header()
     security = etree.Element(SECURITY, nsmap={"wsse": ns.WSSE, "wsu": ns.WSU})
@@ -164,6 +164,13 @@ def secure(
         security.append(ut)
         if "username_token" in sign_parts:
             to_sign.append(ut)
+    encryptions = _Encryptions(binding_ref)
+    # CBC is encrypted first and its ciphertext signed (WS-SecurityPolicy EncryptBeforeSigning): a receiver that
+    # verifies before it decrypts never decrypts a changed CBC ciphertext (wssecurity._check_cbc).
+    encrypt_first = encrypt is not None and encryption.is_cbc(encrypt.algorithm)
+    first = _Encryptions(binding_ref)
+    if encrypt is not None and encrypt_first:
+        first.content(env.body, encrypt)
     sig: etree._Element | None = None
     if sign is not None:
         if "addressing" in sign_parts and env.header is not None:
@@ -176,14 +183,15 @@ def secure(
         sig = sign.signer.sign(
             env, security, to_sign, key_info, new_id=lambda: ids("id"), optimizations=sign.optimizations
         )
-    encryptions = _Encryptions(binding_ref)
     if encrypt_user is not None and ut is not None:
         encryptions.element(ut, encrypt_user)
-    if encrypt is not None:
+    if encrypt is not None and not encrypt_first:
         encryptions.content(env.body, encrypt)
         if encrypt_signature:
             assert sig is not None
             encryptions.element(sig, encrypt)
+    # The carriers of what the Signature covers encrypted go after it: verified before anything is decrypted.
+    security.extend(first.carriers())
     security[carriers_at:carriers_at] = encryptions.carriers()
     return result
 
