@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Profile = Literal["none", "xml", "tls", "hmac", "rsa", "secureconversation"]
 XML_PROFILES = {"xml", "hmac", "rsa", "secureconversation"}
@@ -182,6 +182,17 @@ class RevocationPolicy(Strict):
         return self
 
 
+def _no_pin(value: str) -> str:
+    """A private key is a PEM file or a pkcs11: URI (docs/keys.md); a URI's PIN comes from pin-source (env: or
+    file:), never the policy itself."""
+    if value.startswith("pkcs11:") and "pin-value" in value:
+        raise ValueError("a pkcs11: URI must not hold the PIN (pin-value): use pin-source=env:NAME or file:/path")
+    return value
+
+
+PrivateKeyRef = Annotated[str, AfterValidator(_no_pin)]
+
+
 class RsaOptions(Strict):
     trust_anchors: list[str] = ["certs/out/ca.pem"]
     intermediates: list[str] = []  # CA certificates a signer's chain may go through (not trusted by themselves)
@@ -189,9 +200,9 @@ class RsaOptions(Strict):
     allowed_subjects: list[str] | None = None  # RFC 4514 subject strings; None: any the anchors vouch for
     known_certificates: list[str] = []  # signers named by SKI, thumbprint or IssuerSerial instead of a token
     sign_response: bool = True
-    key: str = "certs/out/gateway-sign.key"  # signs responses
+    key: PrivateKeyRef = "certs/out/gateway-sign.key"  # signs responses (a PEM file or a pkcs11: URI)
     certificate: str = "certs/out/gateway-sign.pem"
-    decryption_key: str = "certs/out/gateway-enc.key"  # decrypts requests encrypted to us
+    decryption_key: PrivateKeyRef = "certs/out/gateway-enc.key"  # decrypts requests encrypted to us
 
 
 class HmacOptions(Strict):
@@ -200,7 +211,9 @@ class HmacOptions(Strict):
     # certificate: a request with no other credential (a pre-shared key, a UsernameToken) is anonymous, and
     # accepted only where the policy says so (the backend is then told `anonymous`).
     allow_anonymous: bool = False
-    decryption_key: str = "certs/out/gateway-enc.key"  # opens EncryptedKeys (symmetric binding, encrypted parts)
+    decryption_key: PrivateKeyRef = (
+        "certs/out/gateway-enc.key"  # opens EncryptedKeys (symmetric binding, encrypted parts)
+    )
     sign_response: bool = True
 
     @model_validator(mode="before")

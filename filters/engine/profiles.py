@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Protocol
 
 from cryptography import x509
@@ -85,7 +84,7 @@ class SecuredPipeline(RoutePipeline):
         )
         x509 = route.profile != "hmac"
         opts = route.rsa if x509 else route.hmac
-        if Path(opts.decryption_key).exists():
+        if keys.private_key_available(opts.decryption_key):
             self.credentials.decryption_key = keys.load_private_key(opts.decryption_key)
         elif x509 and route.encryption.require_request:
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")

@@ -1,0 +1,240 @@
+"""The gateway's private keys in a PKCS#11 token (SoftHSM2, filters/engine/wss/token.py): the token signs and
+unwraps, the key never leaves it, and a token that goes away fails closed (503) until it is back, without a
+restart. The token is the session's (tests/conftest.py `hsm`), holding the demo PKI's gateway keys."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding
+from lxml import etree
+from pydantic import ValidationError
+
+from certs import hsm as hsm_mod
+from filters.engine import faults, ns
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import encryption, keys, signature, token
+from filters.engine.wss.optimizations import Optimizations
+from filters.engine.xml.threat_protection import parse_envelope
+from filters.stores.factory import RouteStores
+from gateway.policy import Limits, Route
+from gateway.tools.client import Client, ClientConfig, content_type
+from tests.harness import received, running_gateway
+from tests.wss_helpers import DEMO, echo, round_trip, route_doc
+
+OAEP_SHA1 = padding.OAEP(padding.MGF1(hashes.SHA1()), hashes.SHA1(), None)
+
+
+def token_route(pki: Path, hsm: Path, profile: str, name: str = "secured", **extra: object) -> dict:
+    """route_doc with every private key in the token."""
+    doc = route_doc(pki, profile, name=name, **extra)
+    doc["rsa"] = {**doc["rsa"], "key": hsm_mod.uri(hsm, "gateway-sign"),
+                  "decryption_key": hsm_mod.uri(hsm, "gateway-enc")}  # fmt: skip
+    doc["hmac"] = {**doc["hmac"], "decryption_key": hsm_mod.uri(hsm, "gateway-enc")}
+    return doc
+
+
+def model(doc: dict) -> Route:
+    return Route.model_validate({**doc, "upstream": {"address": "127.0.0.1:1"}})
+
+
+@pytest.fixture
+def quick_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(token, "RETRY_S", 0.05)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The engine with token keys
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-c14n", "xmlsec-template"])
+@pytest.mark.parametrize("algorithm", ["rsa-sha256", "rsa-sha1"])
+def test_token_signature_is_the_file_keys(hsm: Path, pki: Path, direct: bool, algorithm: str) -> None:
+    """PKCS#1 v1.5 is deterministic: the token's SignatureValue over the same SignedInfo is the file key's, on
+    both signing paths (the canonical SignedInfo signed directly; xmlsec's template with the stand-in key, then
+    re-signed), a default namespace in the Body's content included (that one is always xmlsec's)."""
+    body = b'<soap:Body><echo xmlns="urn:default"><text>signed</text></echo></soap:Body>'
+    values = []
+    for key in (
+        keys.load_private_key(pki / "gateway-sign.key"),
+        keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign")),
+    ):
+        env = parse_envelope(
+            b'<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Header>'
+            b'<wsse:Security xmlns:wsse="' + ns.WSSE.encode() + b'"/></soap:Header>' + body + b"</soap:Envelope>",
+            Limits(),
+        )
+        security = env.root[0][0]
+        opts = Optimizations.for_route(model(route_doc(pki, "rsa"))) if direct else None
+        sig = signature.Signer(key, algorithm, "sha256").sign(
+            env, security, [env.body], keys.key_name("k"), new_id=iter(["b", "s"]).__next__, optimizations=opts
+        )
+        values.append("".join(sig.findtext(f"{{{ns.DS}}}SignatureValue").split()))
+        # And it verifies with the certificate, as any receiver checks it.
+        cert = keys.load_certificate(pki / "gateway-sign.pem")
+        policy = model(route_doc(pki, "rsa", signature={"algorithms": [algorithm]})).signature
+        signature.verify(sig, env, cert, policy)
+    assert values[0] == values[1]
+
+
+CASES = [
+    ("rsa", {"encryption": {"require_request": True, "encrypt_response": True}}, {}),
+    ("hmac", {}, {"encrypt": True}),
+]
+
+
+@pytest.mark.parametrize("direct_c14n", [True, False])
+@pytest.mark.parametrize(("profile", "extra", "cfg"), CASES, ids=["rsa-encrypted", "hmac-encrypted-key"])
+def test_round_trip_with_token_keys(
+    hsm: Path, pki: Path, profile: str, extra: dict, cfg: dict, direct_c14n: bool
+) -> None:
+    route = model(token_route(pki, hsm, profile, optimizations={"direct_c14n": direct_c14n}, **extra))
+    pipeline = SecuredPipeline(route, RouteStores())
+    assert isinstance(pipeline.credentials.decryption_key, token.TokenKey)
+    backend_got, reply = round_trip(pipeline, Client(route, ClientConfig(certs=pki, **cfg)), echo("by the token"))
+    assert b"by the token" in backend_got and b"EncryptedData" not in backend_got
+    assert b"by the token" in reply
+
+
+def test_token_key_does_not_leave_the_token(hsm: Path) -> None:
+    key = keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign"))
+    with pytest.raises(TypeError):
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    with pytest.raises(TypeError):
+        key.private_numbers()
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "pkcs11:token=wsgate;object=k?module-path=/m.so&pin-value=1234",
+        "pkcs11:token=wsgate;object=k;pin-value=1234?module-path=/m.so&pin-source=env:P",
+    ],
+)
+def test_pin_in_the_policy_refused(pki: Path, uri: str) -> None:
+    with pytest.raises(ValueError):
+        token.parse_uri(uri)
+    with pytest.raises(ValidationError, match="PIN"):
+        model(route_doc(pki, "rsa", rsa={"key": uri}))
+
+
+def test_pin_from_environment(hsm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WSGATE_TEST_PIN", (hsm / "hsm-pin").read_text().strip())
+    ref = token.parse_uri(
+        hsm_mod.uri(hsm, "gateway-enc").replace(f"file:{(hsm / 'hsm-pin').resolve()}", "env:WSGATE_TEST_PIN")
+    )
+    assert (
+        ref.pin_source == "env:WSGATE_TEST_PIN"
+        and token.read_pin(ref.pin_source) == (hsm / "hsm-pin").read_text().strip()
+    )
+    monkeypatch.delenv("WSGATE_TEST_PIN")
+    with pytest.raises(ValueError, match="not set"):
+        token.read_pin(ref.pin_source)
+
+
+def test_bleichenbacher_rsa15_refused_whatever_the_block(hsm: Path, pki: Path) -> None:
+    """A token gives no implicit rejection: whether a PKCS#1 v1.5 block decrypts would show. rsa-1_5 key transport
+    with a token key is refused the same way for a good block and a bad one."""
+    key = keys.load_private_key(hsm_mod.uri(hsm, "gateway-enc"))
+    good = key.public_key().encrypt(b"k" * 32, padding.PKCS1v15())
+    for block in (good, b"\x01" * 256):
+        with pytest.raises(faults.Fault) as err:
+            key.decrypt(block, padding.PKCS1v15())
+        assert err.value.code == "UnsupportedAlgorithm"
+
+
+def test_forged_encrypted_key_is_failed_check_not_token_down(hsm: Path, pki: Path) -> None:
+    """SoftHSM answers GeneralError for a block that does not decrypt: that must read as the client's bad data
+    (FailedCheck), not as the token gone (503 for everyone)."""
+    key = keys.load_private_key(hsm_mod.uri(hsm, "gateway-enc"))
+    with pytest.raises(ValueError):
+        key.decrypt(b"\x01" * 256, OAEP_SHA1)
+    assert key.decrypt(key.public_key().encrypt(b"s" * 32, OAEP_SHA1), OAEP_SHA1) == b"s" * 32
+    ek = etree.fromstring(
+        f'<xenc:EncryptedKey xmlns:xenc="{ns.XENC}"><xenc:EncryptionMethod Algorithm="{encryption.KEY_TRANSPORTS["rsa-oaep-mgf1p"]}"/>'
+        f"<xenc:CipherData><xenc:CipherValue>{'AQ' * 170}AQ==</xenc:CipherValue></xenc:CipherData></xenc:EncryptedKey>"
+    )
+    with pytest.raises(faults.Fault) as err:
+        encryption.decrypt_key(ek, key, ["rsa-oaep-mgf1p"], 32)
+    assert err.value.code == "FailedCheck"
+
+
+def test_logged_out_session_fails_closed_then_recovers(hsm: Path, quick_retry: None) -> None:
+    key = keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign"))
+    assert isinstance(key, token.TokenKey)
+    key.sign(b"x", padding.PKCS1v15(), hashes.SHA256())
+    with key.pool.session() as entry:
+        entry.session.close()  # C_Logout + C_CloseSession under the pool
+    with pytest.raises(faults.Fault) as err:
+        key.sign(b"x", padding.PKCS1v15(), hashes.SHA256())
+    assert err.value.http_status == 503 and not err.value.sender
+    assert faults.metric_reason(err.value) == "token unavailable"
+    time.sleep(0.1)
+    key.sign(b"x", padding.PKCS1v15(), hashes.SHA256())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Through the running gateway
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, hsm: Path):
+    routes = [
+        token_route(pki, hsm, "rsa", name="rsa-enc", encryption={"require_request": True, "encrypt_response": True}),
+        route_doc(pki, "rsa", name="rsa-file"),  # keys in files: untouched by the token's absence
+    ]
+    with running_gateway(tmp_path_factory.mktemp("hsm-gw"), routes, pki) as g:
+        yield g
+
+
+def send(gw, pki: Path, name: str, version: str = "1.1") -> tuple[requests.Response, Client, object]:
+    route = Route.model_validate({**_route_doc(gw, name), "upstream": {"address": gw.backend_addr}})
+    client = Client(route, ClientConfig(certs=pki))
+    secured, pending = client.secure(echo("via the token", version))
+    resp = requests.post(f"http://127.0.0.1:{gw.opts.http_port}/{name}/demo", data=secured,
+                         headers={"content-type": content_type(version)}, timeout=10)  # fmt: skip
+    return resp, client, pending
+
+
+def _route_doc(gw, name: str) -> dict:
+    import yaml
+
+    return next(
+        r for r in yaml.safe_load((gw.opts.policies / "routes.yaml").read_text())["routes"] if r["name"] == name
+    )
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_gateway_round_trip_with_token_keys(gw, pki: Path, version: str) -> None:
+    resp, client, pending = send(gw, pki, "rsa-enc", version)
+    assert resp.status_code == 200, resp.text
+    assert client.open(resp.content, pending).body.findtext(f".//{{{DEMO}}}text") == "via the token"
+    assert "via the token" in received(gw)[-1]["body"]
+
+
+def test_token_gone_fails_closed_with_503_then_recovers_without_restart(gw, pki: Path, hsm: Path) -> None:
+    tokens, away = hsm / "softhsm-tokens", hsm / "softhsm-tokens.away"
+    assert send(gw, pki, "rsa-enc")[0].status_code == 200
+    pids = [p.pid for p in gw.workers]
+    shutil.move(tokens, away)
+    try:
+        for version in ("1.1", "1.2"):
+            resp, _, _ = send(gw, pki, "rsa-enc", version)
+            assert resp.status_code == 503, resp.text
+            assert etree.fromstring(resp.content).find(".//{*}Fault") is not None  # a SOAP fault, as the request
+            assert "token" not in resp.text.lower()  # the generic message only
+        assert send(gw, pki, "rsa-file")[0].status_code == 200  # routes with file keys carry on
+    finally:
+        shutil.move(away, tokens)
+    logs = "".join(p.read_text(errors="replace") for p in (gw.opts.run_dir / "logs").glob("filter-*.log"))
+    assert "key token unavailable" in logs and "token 'wsgate' unavailable" in logs
+    deadline = time.monotonic() + 10
+    while (resp := send(gw, pki, "rsa-enc")[0]).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert resp.status_code == 200, resp.text
+    assert [p.pid for p in gw.workers] == pids and all(p.poll() is None for p in gw.workers)  # not restarted
