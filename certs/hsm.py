@@ -61,3 +61,16 @@ def init(out: Path, pki: Path, force: bool = False) -> Path:
     for label, key_id in KEYS.items():
         run("--import", str(pki / f"{label}.key"), "--token", TOKEN, "--label", label, "--id", key_id, "--pin", pin)
     return conf
+
+
+def init_demo(out: Path, force: bool = False) -> Path:
+    """The token for the demo PKI in `out`, and out/hsm.env: SOFTHSM2_CONF and the pkcs11: URIs the demo policy
+    reads (WSGATE_SIGNING_KEY, WSGATE_DECRYPTION_KEY). Returns hsm.env."""
+    conf = init(out, out, force=force)
+    env = Path(out) / "hsm.env"
+    env.write_text(
+        f"SOFTHSM2_CONF={conf}\n"
+        f"WSGATE_SIGNING_KEY='{uri(out, 'gateway-sign')}'\n"
+        f"WSGATE_DECRYPTION_KEY='{uri(out, 'gateway-enc')}'\n"
+    )
+    return env

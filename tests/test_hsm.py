@@ -4,7 +4,10 @@ restart. The token is the session's (tests/conftest.py `hsm`), holding the demo 
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from gateway.tools.client import Client, ClientConfig, content_type
 from tests.harness import received, running_gateway
 from tests.wss_helpers import DEMO, echo, round_trip, route_doc
 
+REPO = Path(__file__).resolve().parents[1]
 OAEP_SHA1 = padding.OAEP(padding.MGF1(hashes.SHA1()), hashes.SHA1(), None)
 
 
@@ -238,3 +242,36 @@ def test_token_gone_fails_closed_with_503_then_recovers_without_restart(gw, pki:
         time.sleep(0.3)
     assert resp.status_code == 200, resp.text
     assert [p.pid for p in gw.workers] == pids and all(p.poll() is None for p in gw.workers)  # not restarted
+
+
+def test_demo_keys_in_softhsm_one_command(tmp_path: Path) -> None:
+    """`wsgate certs init --hsm` (what `make run-hsm` runs): the demo policy, read with its hsm.env, takes the
+    gateway keys from the token; a fresh process, as `wsgate up`'s workers (SoftHSM reads its configuration once)."""
+    out = tmp_path / "certs" / "out"  # where the demo policy looks, from tmp_path
+    wsgate = Path(sys.executable).parent / "wsgate"
+    subprocess.run([wsgate, "certs", "init", "--out", out, "--hsm"], check=True, capture_output=True, cwd=tmp_path)
+    env = dict(os.environ)
+    for line in (out / "hsm.env").read_text().splitlines():
+        name, _, value = line.partition("=")
+        env[name] = value.strip("'")
+    assert env["WSGATE_SIGNING_KEY"].startswith("pkcs11:") and "pin-value" not in env["WSGATE_SIGNING_KEY"]
+    shutil.copytree(REPO / "policies", tmp_path / "policies")
+    script = """
+import sys
+from pathlib import Path
+from filters.engine.profiles import SecuredPipeline
+from filters.engine.wss import token
+from filters.stores.factory import RouteStores
+from gateway.policy import load_dir
+from gateway.tools.client import Client, ClientConfig
+from tests.wss_helpers import echo, round_trip
+route = load_dir("policies").route("rsa-encrypted")
+pipeline = SecuredPipeline(route, RouteStores())
+assert isinstance(pipeline.credentials.decryption_key, token.TokenKey)
+got, reply = round_trip(pipeline, Client(route, ClientConfig(certs=Path("certs/out"))), echo("demo token"))
+assert b"demo token" in got and b"demo token" in reply
+print("ok")
+"""
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr

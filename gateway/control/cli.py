@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
-from certs import pki
+from certs import hsm, pki
 from gateway.control import envoy_config
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
@@ -117,6 +118,13 @@ def cmd_certs(args: argparse.Namespace) -> int:
     existed = (args.out / "ca.pem").exists()
     out = pki.init(args.out, force=args.force, ocsp_url=args.ocsp_url)
     print(f"demo PKI {'kept' if existed and not args.force else 'written'} in {out}")
+    if args.hsm:
+        try:
+            env = hsm.init_demo(out, force=args.force)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"wsgate certs init --hsm: {exc}", file=sys.stderr)
+            return 1
+        print(f"gateway keys in the SoftHSM2 token {hsm.TOKEN!r}; `set -a; . {env}; set +a` before `wsgate up`")
     return 0
 
 
@@ -300,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--out", type=Path, default=pki.DEFAULT_DIR)
     init.add_argument("--force", action="store_true", help="replace an existing PKI")
     init.add_argument("--ocsp-url", default=pki.DEMO_OCSP_URL, help="the OCSP responder named in client certificates")
+    init.add_argument("--hsm", action="store_true",
+                      help="also import the gateway keys into a SoftHSM2 token; writes hsm.env (docs/keys.md)")  # fmt: skip
     init.set_defaults(func=cmd_certs)
     revoke = certs_sub.add_parser("revoke", help="revoke a demo certificate: index.txt (OCSP) and ca.crl")
     revoke.add_argument("name", help="file stem (client) or common name slug (demo-client)")
