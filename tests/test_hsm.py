@@ -28,19 +28,10 @@ from filters.stores.factory import RouteStores
 from gateway.policy import Limits, Route
 from gateway.tools.client import Client, ClientConfig, content_type
 from tests.harness import received, running_gateway
-from tests.wss_helpers import DEMO, echo, round_trip, route_doc
+from tests.wss_helpers import DEMO, echo, round_trip, route_doc, token_route
 
 REPO = Path(__file__).resolve().parents[1]
 OAEP_SHA1 = padding.OAEP(padding.MGF1(hashes.SHA1()), hashes.SHA1(), None)
-
-
-def token_route(pki: Path, hsm: Path, profile: str, name: str = "secured", **extra: object) -> dict:
-    """route_doc with every private key in the token."""
-    doc = route_doc(pki, profile, name=name, **extra)
-    doc["rsa"] = {**doc["rsa"], "key": hsm_mod.uri(hsm, "gateway-sign"),
-                  "decryption_key": hsm_mod.uri(hsm, "gateway-enc")}  # fmt: skip
-    doc["hmac"] = {**doc["hmac"], "decryption_key": hsm_mod.uri(hsm, "gateway-enc")}
-    return doc
 
 
 def model(doc: dict) -> Route:

@@ -7,9 +7,11 @@ import logging
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from certs import hsm, pki
+from filters.engine.wss import inventory
 from gateway.control import envoy_config
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
@@ -60,6 +62,38 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     for r in ps.routes:
         print(f"ok  {r.name:24} {r.profile:18} {r.match.path_prefix} -> {r.upstream.address}  ({ps.sources[r.name]})")
+    # Certificates only: checking needs no token (and no PIN).
+    items = [item for r in ps.routes for item in inventory.route_items(r, load_keys=False)]
+    errors, warnings = inventory.expiry_problems(list({(i.use, i.source): i for i in items}.values()), _now())
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    """Every key and certificate the policies use, once, with the routes that use it."""
+    ps = _policies(args.policies)
+    if ps is None:
+        return 1
+    rows: dict[tuple[str, str, str], tuple[inventory.Item, list[str]]] = {}
+    for r in ps.routes:
+        for item in inventory.route_items(r):
+            serial = str(item.certificate.serial_number) if item.certificate else ""
+            rows.setdefault((item.use, item.source, serial), (item, []))[1].append(r.name)
+    for item, routes in rows.values():
+        cert = item.certificate
+        size = "" if item.size is None else (f"{item.size} keys" if item.use.endswith("_keys") else f"{item.size} bits")
+        print(f"{item.use:13} {item.kind:5} {item.algorithm} {size}  {item.source}")
+        if cert is not None:
+            print(f"    subject {cert.subject.rfc4514_string()}; issuer {cert.issuer.rfc4514_string()}; "
+                  f"not after {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+        print(f"    routes {', '.join(routes)}")
     return 0
 
 
@@ -274,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate policy files")
     check.add_argument("policies", type=Path, nargs="?", default=Path("policies"))
     check.set_defaults(func=cmd_check)
+
+    keys_cmd = sub.add_parser("keys", help="the keys and certificates the policies use")
+    keys_sub = keys_cmd.add_subparsers(dest="keys_command", required=True)
+    keys_list = keys_sub.add_parser("list", help="every key and certificate: file or token, algorithm, size, "
+                                    "subject, issuer, not-after, routes")  # fmt: skip
+    keys_list.add_argument("policies", type=Path, nargs="?", default=Path("policies"))
+    keys_list.set_defaults(func=cmd_keys_list)
 
     render = sub.add_parser("render", help="print (or write) the Envoy configuration")
     render.add_argument("--policies", type=Path, default=Path("policies"))
