@@ -193,7 +193,23 @@ def _no_pin(value: str) -> str:
 PrivateKeyRef = Annotated[str, AfterValidator(_no_pin)]
 
 
-class RsaOptions(Strict):
+class PreviousKey(Strict):
+    """A decryption key kept while clients move to the new one (docs/keys.md "Rotation")."""
+
+    key: PrivateKeyRef
+    certificate: str  # what picks it: the EncryptedKey's reference names this certificate
+
+
+class DecryptionKeys(Strict):
+    """The current decryption key (`decryption_key`) and the `previous_decryption_keys` still taken. With previous
+    keys, an EncryptedKey's key reference (SKI, thumbprint, IssuerSerial, a BinarySecurityToken) picks the key by
+    its certificate; `decryption_certificate` is the current key's (None: the .pem beside a key file)."""
+
+    decryption_certificate: str | None = None
+    previous_decryption_keys: list[PreviousKey] = []
+
+
+class RsaOptions(DecryptionKeys):
     trust_anchors: list[str] = ["certs/out/ca.pem"]
     intermediates: list[str] = []  # CA certificates a signer's chain may go through (not trusted by themselves)
     revocation: RevocationPolicy = RevocationPolicy()
@@ -205,7 +221,7 @@ class RsaOptions(Strict):
     decryption_key: PrivateKeyRef = "certs/out/gateway-enc.key"  # decrypts requests encrypted to us
 
 
-class HmacOptions(Strict):
+class HmacOptions(DecryptionKeys):
     keys_file: str | None = "certs/out/hmac-keys.yaml"  # pre-shared keys by name
     # The symmetric binding's key, sent in an EncryptedKey to us, proves only that the sender has our public
     # certificate: a request with no other credential (a pre-shared key, a UsernameToken) is anonymous, and

@@ -10,7 +10,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from certs import hsm, pki
+from certs import hsm, pki, rotate
 from filters.engine.wss import inventory
 from gateway.control import envoy_config
 from gateway.control.documents import load_checked
@@ -74,6 +74,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    try:
+        if args.kind == "master-keys":
+            done = rotate.master_keys(args.file, args.name, args.retire)
+        else:
+            done = rotate.hmac_keys(args.file, args.name, args.retire)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"wsgate keys rotate: {exc}", file=sys.stderr)
+        return 1
+    print(f"{done} ({args.file}); reload the gateway to apply")
+    return 0
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
@@ -315,6 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "subject, issuer, not-after, routes")  # fmt: skip
     keys_list.add_argument("policies", type=Path, nargs="?", default=Path("policies"))
     keys_list.set_defaults(func=cmd_keys_list)
+    keys_rotate = keys_sub.add_parser(
+        "rotate", help="add a new HMAC or master key, or retire an old one (docs/keys.md)"
+    )
+    keys_rotate.add_argument("kind", choices=["hmac-keys", "master-keys"])
+    keys_rotate.add_argument("file", type=Path, help="hmac.keys_file or secureconversation.master_keys_file")
+    keys_rotate.add_argument("--name", help="the new key's name (hmac-keys: required) or id (master-keys: kN)")
+    keys_rotate.add_argument("--retire", metavar="NAME", help="remove this key instead")
+    keys_rotate.set_defaults(func=cmd_keys_rotate)
 
     render = sub.add_parser("render", help="print (or write) the Envoy configuration")
     render.add_argument("--policies", type=Path, default=Path("policies"))

@@ -55,6 +55,13 @@ def _beside(path: Path, key: rsa.RSAPrivateKey) -> x509.Certificate | None:
     return cert if cert.public_key().public_numbers() == key.public_key().public_numbers() else None
 
 
+def _certificate(path: str | None) -> x509.Certificate | None:
+    try:
+        return keys.load_certificate(path) if path else None
+    except (OSError, ValueError):
+        return None
+
+
 def _certificates(use: str, paths: list[str]) -> list[Item]:
     out = []
     for path in paths:
@@ -82,15 +89,15 @@ def route_items(route: Route, load_keys: bool = True) -> list[Item]:
     items: list[Item] = []
     x509_signer = route.profile in ("rsa", "secureconversation")
     if x509_signer:
-        try:
-            cert = keys.load_certificate(route.rsa.certificate)
-        except (OSError, ValueError):
-            cert = None
-        items.append(_key("signing", route.rsa.key, cert, load_keys))
+        items.append(_key("signing", route.rsa.key, _certificate(route.rsa.certificate), load_keys))
     if route.profile in ("rsa", "secureconversation", "hmac"):
         decryption = route.hmac.decryption_key if route.profile == "hmac" else route.rsa.decryption_key
+        opts = route.hmac if route.profile == "hmac" else route.rsa
         if keys.private_key_available(decryption):
-            items.append(_key("decryption", decryption, None, load_keys))
+            items.append(_key("decryption", decryption, _certificate(opts.decryption_certificate), load_keys))
+        items += [
+            _key("decryption", p.key, _certificate(p.certificate), load_keys) for p in opts.previous_decryption_keys
+        ]
     if x509_signer:
         items += _certificates("trust_anchor", route.rsa.trust_anchors)
         items += _certificates("intermediate", route.rsa.intermediates)
