@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -171,6 +172,35 @@ def test_logged_out_session_fails_closed_then_recovers(hsm: Path, quick_retry: N
     assert faults.metric_reason(err.value) == "token unavailable"
     time.sleep(0.1)
     key.sign(b"x", padding.PKCS1v15(), hashes.SHA256())
+
+
+def test_module_reinitialized_under_a_pool_does_not_starve_it(hsm: Path, quick_retry: None) -> None:
+    """Another token's pool on the same module reinitializes it (C_Finalize kills every session): this pool's
+    sessions from before are dropped and counted out, so a later failure cannot leave it waiting forever for a
+    session that will never come back."""
+    key = keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign"))
+    assert isinstance(key, token.TokenKey)
+    key.sign(b"x", padding.PKCS1v15(), hashes.SHA256())
+    key.pool.module.reinitialize()  # as another pool recovering would
+    key.sign(b"x", padding.PKCS1v15(), hashes.SHA256())
+    with key.pool.session() as entry:
+        entry.session.close()
+    outcomes: list[str] = []
+
+    def sign() -> None:
+        try:
+            key.sign(b"x", padding.PKCS1v15(), hashes.SHA256())
+            outcomes.append("signed")
+        except faults.Fault as exc:
+            outcomes.append(str(exc.http_status))
+
+    for pause in (0, 0.1):
+        time.sleep(pause)
+        worker = threading.Thread(target=sign, daemon=True)
+        worker.start()
+        worker.join(timeout=10)
+        assert not worker.is_alive(), "waiting for a session forever"
+    assert outcomes == ["503", "signed"]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -238,7 +238,7 @@ class Pool:
                 self._cond.wait()
             entry = self._idle.pop() if self._idle else None
             if entry is not None and entry.generation != self.module.generation:
-                entry = None  # the module was reinitialized under it
+                entry, self._open = None, self._open - 1  # the module was reinitialized under it: gone with it
             if entry is None:
                 try:
                     entry = self._open_session()
