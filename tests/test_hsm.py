@@ -27,7 +27,7 @@ from filters.engine.wss.optimizations import Optimizations
 from filters.engine.xml.threat_protection import parse_envelope
 from filters.stores.factory import RouteStores
 from gateway.policy import Limits, Route
-from gateway.tools.client import Client, ClientConfig, content_type
+from gateway.tools.client import Client, ClientConfig, content_type, http_post
 from tests.harness import received, running_gateway
 from tests.wss_helpers import DEMO, echo, round_trip, route_doc, token_route
 
@@ -212,7 +212,10 @@ def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, hsm: Path):
     routes = [
         token_route(pki, hsm, "rsa", name="rsa-enc", encryption={"require_request": True, "encrypt_response": True}),
         route_doc(pki, "rsa", name="rsa-file"),  # keys in files: untouched by the token's absence
-    ]
+        token_route(pki, hsm, "hmac", name="hmac-token"),  # the symmetric binding's EncryptedKey unwrapped by it
+        token_route(pki, hsm, "secureconversation", name="sc-token", encryption={"encrypt_response": True},
+                    secureconversation={"master_keys_file": str(pki / "sct-master-keys.yaml")}),
+    ]  # fmt: skip
     with running_gateway(tmp_path_factory.mktemp("hsm-gw"), routes, pki) as g:
         yield g
 
@@ -240,6 +243,23 @@ def test_gateway_round_trip_with_token_keys(gw, pki: Path, version: str) -> None
     assert resp.status_code == 200, resp.text
     assert client.open(resp.content, pending).body.findtext(f".//{{{DEMO}}}text") == "via the token"
     assert "via the token" in received(gw)[-1]["body"]
+
+
+def test_gateway_hmac_and_secure_conversation_with_token_keys(gw, pki: Path) -> None:
+    """The symmetric binding's EncryptedKey, and SecureConversation's Issue (its entropy encrypted to the gateway,
+    the RSTR signed by it) then messages in the context, with the gateway's keys in the token."""
+    post = http_post(f"http://127.0.0.1:{gw.opts.http_port}/hmac-token/demo")
+    client = Client(Route.model_validate({**_route_doc(gw, "hmac-token"), "upstream": {"address": gw.backend_addr}}),
+                    ClientConfig(certs=pki, encrypt=True))  # fmt: skip
+    secured, pending = client.secure(echo("symmetric"))
+    assert client.open(post(secured, pending.content_type), pending).body.findtext(f".//{{{DEMO}}}text") == "symmetric"
+    assert received(gw)[-1]["headers"].get("x-wsgate-subject") == "anonymous"
+    route = Route.model_validate({**_route_doc(gw, "sc-token"), "upstream": {"address": gw.backend_addr}})
+    client = Client(route, ClientConfig(certs=pki))
+    post = http_post(f"http://127.0.0.1:{gw.opts.http_port}/sc-token/demo")
+    client.establish(post)
+    secured, pending = client.secure(echo("in context"))
+    assert client.open(post(secured, pending.content_type), pending).body.findtext(f".//{{{DEMO}}}text") == "in context"
 
 
 def test_token_gone_fails_closed_with_503_then_recovers_without_restart(gw, pki: Path, hsm: Path) -> None:
