@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
 PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: run test test-compose test-fast lint format check render certs clean bench soak load wss4j metro
+.PHONY: run run-hsm test test-compose test-fast lint format check render certs clean bench soak load wss4j metro
 
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
@@ -48,6 +48,11 @@ metro: $(METRO_JAR)
 run: $(STAMP)
 	$(BIN)/wsgate certs init
 	$(BIN)/wsgate up
+
+# The demo with the gateway's private keys in a SoftHSM2 token (docs/keys.md): certs/out/hsm.env names them.
+run-hsm: $(STAMP)
+	$(BIN)/wsgate certs init --hsm
+	set -a && . certs/out/hsm.env && set +a && $(BIN)/wsgate up
 
 test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Profile = Literal["none", "xml", "tls", "hmac", "rsa", "secureconversation"]
 XML_PROFILES = {"xml", "hmac", "rsa", "secureconversation"}
@@ -190,25 +190,54 @@ class RevocationPolicy(Strict):
         return self
 
 
-class RsaOptions(Strict):
+def _no_pin(value: str) -> str:
+    """A private key is a PEM file or a pkcs11: URI (docs/keys.md); a URI's PIN comes from pin-source (env: or
+    file:), never the policy itself."""
+    if value.startswith("pkcs11:") and "pin-value" in value:
+        raise ValueError("a pkcs11: URI must not hold the PIN (pin-value): use pin-source=env:NAME or file:/path")
+    return value
+
+
+PrivateKeyRef = Annotated[str, AfterValidator(_no_pin)]
+
+
+class PreviousKey(Strict):
+    """A decryption key kept while clients move to the new one (docs/keys.md "Rotation")."""
+
+    key: PrivateKeyRef
+    certificate: str  # what picks it: the EncryptedKey's reference names this certificate
+
+
+class DecryptionKeys(Strict):
+    """The current decryption key (`decryption_key`) and the `previous_decryption_keys` still taken. With previous
+    keys, an EncryptedKey's key reference (SKI, thumbprint, IssuerSerial, a BinarySecurityToken) picks the key by
+    its certificate; `decryption_certificate` is the current key's (None: the .pem beside a key file)."""
+
+    decryption_certificate: str | None = None
+    previous_decryption_keys: list[PreviousKey] = []
+
+
+class RsaOptions(DecryptionKeys):
     trust_anchors: list[str] = ["certs/out/ca.pem"]
     intermediates: list[str] = []  # CA certificates a signer's chain may go through (not trusted by themselves)
     revocation: RevocationPolicy = RevocationPolicy()
     allowed_subjects: list[str] | None = None  # RFC 4514 subject strings; None: any the anchors vouch for
     known_certificates: list[str] = []  # signers named by SKI, thumbprint or IssuerSerial instead of a token
     sign_response: bool = True
-    key: str = "certs/out/gateway-sign.key"  # signs responses
+    key: PrivateKeyRef = "certs/out/gateway-sign.key"  # signs responses (a PEM file or a pkcs11: URI)
     certificate: str = "certs/out/gateway-sign.pem"
-    decryption_key: str = "certs/out/gateway-enc.key"  # decrypts requests encrypted to us
+    decryption_key: PrivateKeyRef = "certs/out/gateway-enc.key"  # decrypts requests encrypted to us
 
 
-class HmacOptions(Strict):
+class HmacOptions(DecryptionKeys):
     keys_file: str | None = "certs/out/hmac-keys.yaml"  # pre-shared keys by name
     # The symmetric binding's key, sent in an EncryptedKey to us, proves only that the sender has our public
     # certificate: a request with no other credential (a pre-shared key, a UsernameToken) is anonymous, and
     # accepted only where the policy says so (the backend is then told `anonymous`).
     allow_anonymous: bool = False
-    decryption_key: str = "certs/out/gateway-enc.key"  # opens EncryptedKeys (symmetric binding, encrypted parts)
+    decryption_key: PrivateKeyRef = (
+        "certs/out/gateway-enc.key"  # opens EncryptedKeys (symmetric binding, encrypted parts)
+    )
     sign_response: bool = True
 
     @model_validator(mode="before")

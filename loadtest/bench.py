@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from certs import pki
+from certs import hsm, pki
 from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway, Options, default_workers
 from gateway.policy import PolicySet, load_dir
@@ -1001,6 +1001,20 @@ def run_bench(
     return points
 
 
+def hsm_policies(policies: Path, certs: Path, out: Path) -> Path:
+    """`policies` copied into `out` with the gateway's private keys (gateway-sign, gateway-enc) in a SoftHSM2 token
+    made from `certs` (certs/hsm.py), SOFTHSM2_CONF set for this process and the gateway it starts: the rsa rows
+    then measure the token beside a run without --hsm (the file keys)."""
+    os.environ["SOFTHSM2_CONF"] = str(hsm.init(certs, certs))
+    out.mkdir(parents=True, exist_ok=True)
+    for src in policies.glob("*.yaml"):
+        text = src.read_text()
+        for label in hsm.KEYS:
+            text = text.replace(f'"${{WSGATE_BENCH_CERTS:-certs/out}}/{label}.key"', f'"{hsm.uri(certs, label)}"')
+        (out / src.name).write_text(text)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated: " + ", ".join(PROFILES))
@@ -1018,9 +1032,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hmac-key", default=HMAC_KEY_NAME,
                    help=f"hmac/username signing key: a pre-shared key name, or {ENCRYPTED_KEY!r}")  # fmt: skip
     p.add_argument("--no-chart", action="store_true")
+    p.add_argument("--hsm", action="store_true",
+                   help="the gateway's private keys in a SoftHSM2 token (compare the rsa rows with a run without)")  # fmt: skip
     p.add_argument("--engine-scale", type=float, default=1.0,
                    help="multiply the in-process engine measure's exchange counts (0: skip it)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.hsm:
+        args.policies = hsm_policies(args.policies, args.certs, args.out / "policies-hsm")
     try:
         run_bench(
             profiles=[x for x in args.profiles.split(",") if x], sizes=[x for x in args.sizes.split(",") if x],

@@ -1,8 +1,9 @@
-"""Shared fixtures: one demo PKI per test session (real keys, made with certs.pki), Redis, the client's clock, the
-lanes (a marker per folder)."""
+"""Shared fixtures: one demo PKI per test session (real keys, made with certs.pki), its gateway keys in a SoftHSM2
+token, Redis, the client's clock, the lanes (a marker per folder)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from certs import hsm as hsm_mod
 from certs import pki as pki_mod
 from tests.support.harness import GatewayFactory, start_redis, stop
 
@@ -30,6 +32,21 @@ def pytest_configure(config: pytest.Config) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly generated demo PKI folder (see certs/pki.py for its files)."""
     return pki_mod.init(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def hsm(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A SoftHSM2 token (its own SOFTHSM2_CONF and token directory) holding the PKI's gateway-sign and gateway-enc
+    keys; certs.hsm.uri(hsm, label) names them. The gateways the tests start inherit SOFTHSM2_CONF."""
+    out = tmp_path_factory.mktemp("hsm")
+    conf = hsm_mod.init(out, pki)
+    before = os.environ.get("SOFTHSM2_CONF")
+    os.environ["SOFTHSM2_CONF"] = str(conf)
+    yield out
+    if before is None:
+        os.environ.pop("SOFTHSM2_CONF", None)
+    else:
+        os.environ["SOFTHSM2_CONF"] = before
 
 
 @pytest.fixture(scope="session")

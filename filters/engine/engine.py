@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from filters.engine import faults
+from filters.engine import faults, metrics
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
 from filters.engine.profiles import SecureConversationPipeline, SecuredPipeline, Stores
+from filters.engine.wss import inventory
 from filters.engine.xml.soap import version_from_content_type
 from gateway.policy import PolicySet, Route
 
@@ -32,12 +33,28 @@ class Engine:
 
     def __init__(self, policies: PolicySet, stores: Stores) -> None:
         self.pipelines = {r.name: build_pipeline(r, stores) for r in policies.routes if r.touches_xml}
+        # The keys are loaded (and cached) by now: the inventory reads no token.
+        expiry = {
+            (r.name, item.use): item.certificate.not_valid_after_utc.timestamp()
+            for r in policies.routes
+            if r.touches_xml
+            for item in sorted(inventory.route_items(r), key=_latest_first)
+            if item.certificate is not None
+        }
+        metrics.CERTIFICATE_NOT_AFTER.clear()
+        for (route, use), seconds in expiry.items():
+            metrics.CERTIFICATE_NOT_AFTER.labels(route=route, use=use).set(seconds)
 
     def pipeline(self, route_name: str) -> RoutePipeline:
         try:
             return self.pipelines[route_name]
         except KeyError:
             raise faults.server(f"no XML policy for route {route_name!r}") from None
+
+
+def _latest_first(item: inventory.Item) -> float:
+    # Per (route, use) the last one written wins: the soonest expiry.
+    return -item.certificate.not_valid_after_utc.timestamp() if item.certificate else 0.0
 
 
 def fault_soap_version(ex: Exchange | None, headers: Mapping[str, str]) -> str:

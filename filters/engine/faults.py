@@ -85,6 +85,7 @@ REASON_CLASSES: tuple[tuple[str, str], ...] = (
     ("text node longer than", "limit"),
     ("replay store unavailable", "store unavailable"),
     ("security context store unavailable", "store unavailable"),
+    ("key token unavailable", "token unavailable"),
 )
 LABELS = frozenset({*WSSE_CODES, *WSC_CODES, *(label for _, label in REASON_CLASSES), "malformed", "internal"})
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.policy import Route
 
@@ -23,6 +23,12 @@ OPTIMIZATIONS = Counter(
     "wsgate_optimizations",
     "What the signature optimizations did (gateway.policy.Optimizations): hits, misses, fallbacks to xmlsec",
     ["route", "profile", "optimization", "outcome"],
+)
+CERTIFICATE_NOT_AFTER = Gauge(
+    "wsgate_certificate_not_after_seconds",
+    "When a route's certificates of a use expire (Unix time; the soonest of that use): signing, decryption, "
+    "trust_anchor, intermediate, known_signer (filters/engine/wss/inventory.py)",
+    ["route", "use"],
 )
 STAGE = Histogram(
     "wsgate_stage_seconds",

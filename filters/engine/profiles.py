@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Protocol
 
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
 from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, store_resolver
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
-from filters.engine.wss import encryption, keys, signature, wssecurity
+from filters.engine.wss import encryption, keys, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.keys import RevocationCheck
@@ -29,7 +30,7 @@ from filters.engine.wss.username_token import FailureThrottle, Users
 from filters.engine.xml import header_blocks
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import check_structure, parse_envelope
-from gateway.policy import Route
+from gateway.policy import HmacOptions, Route, RsaOptions
 
 RESPONSE_TIMESTAMP_TTL_S = 300
 
@@ -85,8 +86,9 @@ class SecuredPipeline(RoutePipeline):
         )
         x509 = route.profile != "hmac"
         opts = route.rsa if x509 else route.hmac
-        if Path(opts.decryption_key).exists():
+        if keys.private_key_available(opts.decryption_key):
             self.credentials.decryption_key = keys.load_private_key(opts.decryption_key)
+            self.credentials.decryption_keys = _rotating_keys(route, opts, self.credentials.decryption_key)
         elif x509 and route.encryption.require_request:
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
         if x509:
@@ -298,6 +300,31 @@ def context_security(
             algorithm=algorithm, secret=encrypting.key, secret_key_info=lambda: keys.str_reference(encrypting.id, dk)
         )
     return sign, enc, (signing.element, encrypting.element) if encrypt else (signing.element,)
+
+
+def _rotating_keys(
+    route: Route, opts: RsaOptions | HmacOptions, current: rsa.RSAPrivateKey
+) -> list[tuple[x509.Certificate, rsa.RSAPrivateKey]]:
+    """The current decryption key and the previous ones, each with the certificate that must name it; empty
+    without previous keys (the one key opens every EncryptedKey, as before rotation)."""
+    if not opts.previous_decryption_keys:
+        return []
+    cert_path = opts.decryption_certificate
+    if cert_path is None:
+        if token.is_uri(opts.decryption_key):
+            raise faults.server(
+                f"route {route.name}: a token decryption key with previous keys needs decryption_certificate"
+            )
+        cert_path = str(Path(opts.decryption_key).with_suffix(".pem"))
+    pairs = [(cert_path, current)]
+    pairs += [(p.certificate, keys.load_private_key(p.key)) for p in opts.previous_decryption_keys]
+    out = []
+    for path, key in pairs:
+        cert = keys.load_certificate(path)
+        if cert.public_key().public_numbers() != key.public_key().public_numbers():
+            raise faults.server(f"route {route.name}: certificate {path} is not the decryption key's")
+        out.append((cert, key))
+    return out
 
 
 def _trust_store(route: Route, stores: Stores) -> keys.TrustStore:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
-from certs import pki
+from certs import hsm, pki, rotate
+from filters.engine.wss import inventory
 from gateway.control import envoy_config, published_policy
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
@@ -66,6 +69,51 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(f"    published policy: {gap}")
         for warning in pattern_warnings(r) if r.schema_validation.enabled else []:
             print(f"warning: route {r.name}: {warning}", file=sys.stderr)
+    # Certificates only: checking needs no token (and no PIN).
+    items = [item for r in ps.routes for item in inventory.route_items(r, load_keys=False)]
+    errors, warnings = inventory.expiry_problems(list({(i.use, i.source): i for i in items}.values()), _now())
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    try:
+        if args.kind == "master-keys":
+            done = rotate.master_keys(args.file, args.name, args.retire)
+        else:
+            done = rotate.hmac_keys(args.file, args.name, args.retire)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"wsgate keys rotate: {exc}", file=sys.stderr)
+        return 1
+    print(f"{done} ({args.file}); reload the gateway to apply")
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    """Every key and certificate the policies use, once, with the routes that use it."""
+    ps = _policies(args.policies)
+    if ps is None:
+        return 1
+    rows: dict[tuple[str, str, str], tuple[inventory.Item, list[str]]] = {}
+    for r in ps.routes:
+        for item in inventory.route_items(r):
+            serial = str(item.certificate.serial_number) if item.certificate else ""
+            rows.setdefault((item.use, item.source, serial), (item, []))[1].append(r.name)
+    for item, routes in rows.values():
+        cert = item.certificate
+        size = "" if item.size is None else (f"{item.size} keys" if item.use.endswith("_keys") else f"{item.size} bits")
+        print(f"{item.use:13} {item.kind:5} {item.algorithm} {size}  {item.source}")
+        if cert is not None:
+            print(f"    subject {cert.subject.rfc4514_string()}; issuer {cert.issuer.rfc4514_string()}; "
+                  f"not after {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+        print(f"    routes {', '.join(routes)}")
     return 0
 
 
@@ -124,6 +172,13 @@ def cmd_certs(args: argparse.Namespace) -> int:
     existed = (args.out / "ca.pem").exists()
     out = pki.init(args.out, force=args.force, ocsp_url=args.ocsp_url)
     print(f"demo PKI {'kept' if existed and not args.force else 'written'} in {out}")
+    if args.hsm:
+        try:
+            env = hsm.init_demo(out, force=args.force)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"wsgate certs init --hsm: {exc}", file=sys.stderr)
+            return 1
+        print(f"gateway keys in the SoftHSM2 token {hsm.TOKEN!r}; `set -a; . {env}; set +a` before `wsgate up`")
     return 0
 
 
@@ -280,6 +335,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("policies", type=Path, nargs="?", default=Path("policies"))
     check.set_defaults(func=cmd_check)
 
+    keys_cmd = sub.add_parser("keys", help="the keys and certificates the policies use")
+    keys_sub = keys_cmd.add_subparsers(dest="keys_command", required=True)
+    keys_list = keys_sub.add_parser("list", help="every key and certificate: file or token, algorithm, size, "
+                                    "subject, issuer, not-after, routes")  # fmt: skip
+    keys_list.add_argument("policies", type=Path, nargs="?", default=Path("policies"))
+    keys_list.set_defaults(func=cmd_keys_list)
+    keys_rotate = keys_sub.add_parser(
+        "rotate", help="add a new HMAC or master key, or retire an old one (docs/keys.md)"
+    )
+    keys_rotate.add_argument("kind", choices=["hmac-keys", "master-keys"])
+    keys_rotate.add_argument("file", type=Path, help="hmac.keys_file or secureconversation.master_keys_file")
+    keys_rotate.add_argument("--name", help="the new key's name (hmac-keys: required) or id (master-keys: kN)")
+    keys_rotate.add_argument("--retire", metavar="NAME", help="remove this key instead")
+    keys_rotate.set_defaults(func=cmd_keys_rotate)
+
     render = sub.add_parser("render", help="print (or write) the Envoy configuration")
     render.add_argument("--policies", type=Path, default=Path("policies"))
     render.add_argument("--target", choices=["local", "compose", "kubernetes"], default="local")
@@ -313,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--out", type=Path, default=pki.DEFAULT_DIR)
     init.add_argument("--force", action="store_true", help="replace an existing PKI")
     init.add_argument("--ocsp-url", default=pki.DEMO_OCSP_URL, help="the OCSP responder named in client certificates")
+    init.add_argument("--hsm", action="store_true",
+                      help="also import the gateway keys into a SoftHSM2 token; writes hsm.env (docs/keys.md)")  # fmt: skip
     init.set_defaults(func=cmd_certs)
     revoke = certs_sub.add_parser("revoke", help="revoke a demo certificate: index.txt (OCSP) and ca.crl")
     revoke.add_argument("name", help="file stem (client) or common name slug (demo-client)")

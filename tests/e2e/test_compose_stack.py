@@ -30,7 +30,7 @@ from tests.unit.test_compose import compose_command
 
 pytestmark = pytest.mark.compose
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "wsgatetest"
 ECHO = (
     b'<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Body>'

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from certs import hsm
 from filters.engine.engine import Exchange
 from filters.engine.profiles import SecuredPipeline
 from gateway.policy import Route
@@ -39,6 +40,15 @@ def route_doc(pki: Path, profile: str, name: str = "secured", **extra: Any) -> d
             doc[k] = {**doc[k], **v}
         else:
             doc[k] = v
+    return doc
+
+
+def token_route(pki: Path, token_dir: Path, profile: str, name: str = "secured", **extra: object) -> dict:
+    """route_doc with every private key in the token."""
+    doc = route_doc(pki, profile, name=name, **extra)
+    doc["rsa"] = {**doc["rsa"], "key": hsm.uri(token_dir, "gateway-sign"),
+                  "decryption_key": hsm.uri(token_dir, "gateway-enc")}  # fmt: skip
+    doc["hmac"] = {**doc["hmac"], "decryption_key": hsm.uri(token_dir, "gateway-enc")}
     return doc
 
 

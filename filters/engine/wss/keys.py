@@ -28,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from lxml import etree
 
 from filters.engine import faults, ns
+from filters.engine.wss import token
 
 # lxml names a namespace it has to declare on its own after this table (ns0 otherwise); WSS4J's prefixes.
 for _prefix in ("wsse", "wsu", "wsse11", "ds", "xenc", "ec"):
@@ -53,9 +54,23 @@ def _read_certificates(path: str) -> tuple[x509.Certificate, ...]:
     return tuple(certs)
 
 
+@functools.lru_cache(maxsize=64)
+def _token_key(uri: str) -> token.TokenKey:
+    return token.TokenKey(uri)
+
+
 def load_private_key(path: str | Path) -> rsa.RSAPrivateKey:
-    """An unencrypted PEM RSA private key (PKCS#8 or PKCS#1)."""
+    """An unencrypted PEM RSA private key (PKCS#8 or PKCS#1), or a key in a PKCS#11 token named by its pkcs11:
+    URI (filters/engine/wss/token.py), which signs and decrypts there."""
+    if token.is_uri(str(path)):
+        return _token_key(str(path))
     return _read_private_key(str(path))
+
+
+def private_key_available(path: str) -> bool:
+    """Whether a key is configured: a token key always is (its absence is a fault when it is used), a file if
+    it exists."""
+    return token.is_uri(path) or Path(path).exists()
 
 
 def load_certificate(path: str | Path) -> x509.Certificate:

@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING
 
 import xmlsec
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa, utils
 from lxml import etree
 
 from filters.engine import faults, metrics, ns
+from filters.engine.wss import token
 from filters.engine.xml import c14n, values
 from filters.engine.xml.soap import Envelope
 
@@ -502,6 +503,15 @@ def _signing_key(key: PrivateKey) -> xmlsec.Key:
     return xmlsec.Key.from_memory(pem, xmlsec.constants.KeyDataFormatPem)
 
 
+_RSA_HASHES = {"rsa-sha256": hashes.SHA256, "rsa-sha1": hashes.SHA1}
+
+
+@functools.cache
+def _stand_in() -> rsa.RSAPrivateKey:
+    """A throw-away key for xmlsec to sign templates with when the real key is in a token (see Signer)."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=1024)
+
+
 def _id_source(root: etree._Element, prefix: str) -> Callable[[], str]:
     """Fresh ids `prefix-N` that no element of the document has yet."""
     taken = set(id_index(root))
@@ -529,8 +539,11 @@ class Signer:
         self._method = SIGNATURE_METHODS[algorithm]
         self._digest = DIGEST_METHODS[digest]
         self._private = key
+        # A token key signs in its token (the canonical SignedInfo); where xmlsec signs the whole template, it
+        # does so with a stand-in key, and the token signs the SignedInfo digest xmlsec computed (`_resign`).
+        self._token = isinstance(key, token.TokenKey)
         # An RSA key is parsed into xmlsec once, with the route; an HMAC secret only if xmlsec signs the template.
-        self._key = None if isinstance(key, bytes) else _signing_key(key)
+        self._key = None if isinstance(key, bytes) else _signing_key(_stand_in() if self._token else key)
 
     def _xmlsec_key(self) -> xmlsec.Key:
         return self._key or _signing_key(self._private)
@@ -566,6 +579,8 @@ class Signer:
     def _sign_binary(self, signed_info: bytes) -> bytes:
         if isinstance(self._private, bytes):
             return hmac.new(self._private, signed_info, HMAC_HASHES[self.algorithm]).digest()
+        if self._token:
+            return self._private.sign(signed_info, padding.PKCS1v15(), _RSA_HASHES[self.algorithm]())
         ctx = xmlsec.SignatureContext()
         ctx.key = self._xmlsec_key()
         return ctx.sign_binary(signed_info, self._method)
@@ -656,10 +671,23 @@ class Signer:
                 name, attr_ns = _id_attribute(el, value)
                 ctx.register_id(el, name, attr_ns)
             ctx.sign(sig)
-        except xmlsec.Error as exc:
+            if self._token:
+                self._resign(signature_value)
+        except (xmlsec.Error, faults.Fault) as exc:
             security.remove(sig)
+            if isinstance(exc, faults.Fault):
+                raise
             raise faults.server(f"signing failed: {exc}") from None
         return sig
+
+    def _resign(self, signature_value: etree._Element) -> None:
+        """Replace the stand-in's SignatureValue by the token's over the same SignedInfo: the digest xmlsec
+        signed (of its own canonical form, with whatever PrefixList) is read back from the stand-in's signature."""
+        algorithm = _RSA_HASHES[self.algorithm]()
+        stand_in = base64.b64decode("".join((signature_value.text or "").split()))
+        digest = _stand_in().public_key().recover_data_from_signature(stand_in, padding.PKCS1v15(), algorithm)
+        value = self._private.sign(digest, padding.PKCS1v15(), utils.Prehashed(algorithm))
+        signature_value.text = base64.b64encode(value).decode()
 
 
 def sign(

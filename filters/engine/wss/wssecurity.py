@@ -74,6 +74,9 @@ class Credentials:
     trust: keys.TrustStore | None = None  # validates signer certificates
     known_certificates: list[x509.Certificate] = field(default_factory=list)  # for SKI/thumbprint/IssuerSerial refs
     decryption_key: rsa.RSAPrivateKey | None = None  # opens EncryptedKeys sent to us
+    # While a key is rotated: every key taken (the current one first) with its certificate, which the EncryptedKey's
+    # key reference must name.
+    decryption_keys: list[tuple[x509.Certificate, rsa.RSAPrivateKey]] = field(default_factory=list)
     psk: Mapping[str, bytes] = field(default_factory=dict)  # pre-shared keys by ds:KeyName
     encrypted_keys: Mapping[str, bytes] = field(default_factory=dict)  # EncryptedKeySHA1 (base64) -> key we sent
     users: username_token.Users | None = None
@@ -301,7 +304,8 @@ def _encrypted_key(st: _State, ek: etree._Element) -> bool:
 def _open_encrypted_key(st: _State, ek: etree._Element, key_size: int | None = None) -> bytes:
     if st.creds.decryption_key is None:
         raise faults.security("SecurityTokenUnavailable", "EncryptedKey sent to a route without a decryption key")
-    secret = encryption.decrypt_key(ek, st.creds.decryption_key, st.req.encryption.key_transport, key_size)
+    key = _decryption_key_for(st, ek) if st.creds.decryption_keys else st.creds.decryption_key
+    secret = encryption.decrypt_key(ek, key, st.req.encryption.key_transport, key_size)
     st.key_carriers.append((secret, ek))
     return secret
 
@@ -341,6 +345,19 @@ def _claim_now(st: _State, key: bytes, used: faults.Fault) -> None:
         store.claim(store.key(key, CBC_KEY_MEMORY_S, used))
     elif store.seen(key, CBC_KEY_MEMORY_S):
         raise used
+
+
+def _decryption_key_for(st: _State, ek: etree._Element) -> rsa.RSAPrivateKey:
+    """The route's key whose certificate the EncryptedKey names (a route holding the current and previous keys)."""
+    key_info = encryption.key_for(ek)
+    if key_info is None:
+        raise faults.security("SecurityTokenUnavailable", "EncryptedKey names no key, and the route holds several")
+    ref = keys.parse_key_info(key_info)
+    token = st.tokens.get(ref.value) if ref.kind == "reference" else None
+    for cert, key in st.creds.decryption_keys:
+        if keys.matches(ref, cert) or (token is not None and token == cert):
+            return key
+    raise faults.security("SecurityTokenUnavailable", f"EncryptedKey is for none of the route's keys ({ref.kind})")
 
 
 def encrypted_key_sha1(ek: etree._Element) -> str:

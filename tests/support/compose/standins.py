@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
+ROOT = HERE.parents[2]
 BASE = "wsgate-standin/bookworm-slim"
 LABEL = "org.wsgate.standin-recipe"
 # The host's own trust anchors (added to Debian's bundle): CI reaches PyPI, crates.io and static.rust-lang.org
