@@ -3,13 +3,13 @@
 //! the body is copied once (as a tuple's bytes were), the in-flight record and the replay check are kept by
 //! reference.
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValueOption;
+use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::replay::ReplayCheck;
-use crate::service::header;
 
 #[pyclass(frozen, module = "wsgate_frame")]
 pub struct Answer {
@@ -75,5 +75,14 @@ impl Answer {
             headers: self.headers.iter().map(|(k, v)| header(k, v)).collect(),
         };
         (reply, self.in_flight.clone_ref(py), self.replay.as_ref().map(|r| r.clone_ref(py)))
+    }
+}
+
+/// One header for Envoy to set, replacing any of the same name.
+pub fn header(key: &str, value: &str) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue { key: key.into(), raw_value: value.as_bytes().to_vec(), ..Default::default() }),
+        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        ..Default::default()
     }
 }

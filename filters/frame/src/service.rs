@@ -5,8 +5,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
-use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::config::core::v3::HeaderValueOption;
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
@@ -20,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::answer::{Answer, Reply};
+use crate::answer::{header, Answer, Reply};
 use crate::budget::{Budget, Ticket};
 use crate::counters::{self, Outcome, Phase};
 use crate::replay::{Epoch, ReplayCheck, ReplayOutcome, Stores};
@@ -377,14 +376,6 @@ fn header_list(h: &HttpHeaders) -> Vec<(String, String)> {
             (hv.key.clone(), value)
         })
         .collect()
-}
-
-pub fn header(key: &str, value: &str) -> HeaderValueOption {
-    HeaderValueOption {
-        header: Some(HeaderValue { key: key.into(), raw_value: value.as_bytes().to_vec(), ..Default::default() }),
-        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
-        ..Default::default()
-    }
 }
 
 fn immediate(status: u32, headers: Vec<HeaderValueOption>, body: Vec<u8>) -> ProcessingResponse {
