@@ -207,21 +207,28 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 class LoopbackHttp:
     """A real HTTP server on a loopback port for tests: `answer(body) -> (content type, body)` serves every GET
-    and POST with 200; `paths` records each request's path (proof of what was, or was not, fetched)."""
+    and POST with 200; `paths` records each request's path (proof of what was, or was not, fetched). A subclass
+    may answer otherwise (`respond`) and keep connections open (`protocol_version`)."""
 
-    def __init__(self, answer: Callable[[bytes], tuple[str, bytes]]) -> None:
+    protocol_version = "HTTP/1.0"
+
+    def __init__(self, answer: Callable[[bytes], tuple[str, bytes]] | None = None) -> None:
+        self.answer = answer
         self.paths: list[str] = []
-        paths = self.paths
+        outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = outer.protocol_version
+
             def _serve(self) -> None:
-                paths.append(self.path)
-                content_type, body = answer(self.rfile.read(int(self.headers.get("content-length") or 0)))
-                self.send_response(200)
+                outer.paths.append(self.path)
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                status, content_type, reply = outer.respond(self.path, dict(self.headers.items()), body)
+                self.send_response(status)
                 self.send_header("content-type", content_type)
-                self.send_header("content-length", str(len(body)))
+                self.send_header("content-length", str(len(reply)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(reply)
 
             do_GET = do_POST = _serve
 
@@ -231,6 +238,11 @@ class LoopbackHttp:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def respond(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
+        """(status, content type, body) for one request."""
+        assert self.answer is not None, "LoopbackHttp needs `answer` unless a subclass responds"
+        return (200, *self.answer(body))
 
     def close(self) -> None:
         self.server.shutdown()

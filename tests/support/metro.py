@@ -5,12 +5,11 @@ configuration (tests/interop/metro/src/main/java/wsgate/metro/ClientConfig.java)
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from tests.support.java_process import JsonLineProcess
 
 JAR = Path(__file__).parents[1] / "interop" / "metro" / "target" / "metro-client.jar"
 
@@ -23,49 +22,18 @@ class MetroError(Exception):
         self.trace = trace
 
 
-class Metro:
+class Metro(JsonLineProcess):
     """One `java -jar metro-client.jar` process; calls are serialized (one request line, one answer line)."""
 
-    def __init__(self, log: BinaryIO | int = subprocess.DEVNULL, jar: Path = JAR) -> None:
-        java = shutil.which("java")
-        if java is None:
-            raise RuntimeError("java is needed for the Metro interop tests: apt-get install -y openjdk-17-jre-headless")
-        if not jar.exists():
-            raise RuntimeError(f"{jar} is missing: build it with `make metro` (Maven, Java 17)")
-        # C1 only: a test session is short, and the JIT's start-up is most of its Java time.
-        self.proc = subprocess.Popen(
-            [java, "-XX:TieredStopAtLevel=1", "-jar", str(jar)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            encoding="utf-8",
-        )
-        self.lock = threading.Lock()
-        self.call("ping")
+    name = "the Metro client"
+    make_target = "metro"
 
-    def call(self, op: str, **params: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        with self.lock:
-            self.proc.stdin.write(json.dumps({"op": op, **params}) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the Metro client exited ({self.proc.poll()})")
-        answer = json.loads(line)
-        if not answer.pop("ok"):
-            raise MetroError(answer["error"], answer.get("trace", ""))
-        return answer
+    def __init__(self, log: BinaryIO | int = subprocess.DEVNULL, jar: Path = JAR) -> None:
+        super().__init__(jar, log)
+
+    def refused(self, error: str, trace: str) -> Exception:
+        return MetroError(error, trace)
 
     def invoke(self, wsdl: str, service: str, port: str, payloads: list[str], **params: Any) -> list[str]:
         """Metro's replies to `payloads`, sent in turn on one Dispatch of `port` built from the WSDL at `wsdl`."""
         return self.call("call", wsdl=wsdl, service=service, port=port, payloads=payloads, **params)["replies"]
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)

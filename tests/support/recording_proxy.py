@@ -3,12 +3,12 @@ byte for byte, for the tests that replay or tamper with a real client's messages
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import requests
+
+from tests.support.harness import LoopbackHttp
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
@@ -22,41 +22,22 @@ class Exchange:
     response: bytes = b""
 
 
-@dataclass
-class RecordingProxy:
-    """Forwards every POST to `upstream` (scheme, host and port) after `tamper` (None: as it came)."""
+class RecordingProxy(LoopbackHttp):
+    """Forwards every request to `upstream` (scheme, host and port) after `tamper` (None: as it came)."""
 
-    upstream: str
-    tamper: Callable[[bytes], bytes] | None = None
-    exchanges: list[Exchange] = field(default_factory=list)
+    protocol_version = "HTTP/1.1"
 
-    def __post_init__(self) -> None:
-        proxy = self
+    def __init__(self, upstream: str, tamper: Callable[[bytes], bytes] | None = None) -> None:
+        self.upstream = upstream
+        self.tamper = tamper
+        self.exchanges: list[Exchange] = []
+        super().__init__()
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-                ex = Exchange(self.path, headers, body)
-                proxy.exchanges.append(ex)
-                sent = proxy.tamper(body) if proxy.tamper else body
-                got = requests.post(proxy.upstream + self.path, data=sent, headers=headers, timeout=30)
-                ex.status, ex.response = got.status_code, got.content
-                self.send_response(got.status_code)
-                self.send_header("content-type", got.headers.get("content-type", "text/xml"))
-                self.send_header("content-length", str(len(got.content)))
-                self.end_headers()
-                self.wfile.write(got.content)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def respond(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
+        headers = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+        ex = Exchange(path, headers, body)
+        self.exchanges.append(ex)
+        sent = self.tamper(body) if self.tamper else body
+        got = requests.post(self.upstream + path, data=sent, headers=headers, timeout=30)
+        ex.status, ex.response = got.status_code, got.content
+        return got.status_code, got.headers.get("content-type", "text/xml"), got.content

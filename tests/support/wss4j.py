@@ -4,12 +4,10 @@ classes, `verify` runs WSS4J's WSSecurityEngine (Basic Security Profile enforcem
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import threading
 from pathlib import Path
 from typing import Any
+
+from tests.support.java_process import JsonLineProcess
 
 JAR = Path(__file__).parents[1] / "interop" / "wss4j" / "target" / "wss4j-harness.jar"
 
@@ -25,55 +23,24 @@ class Wss4jError(Exception):
     """WSS4J refused (its own error text), or the harness could not do what was asked."""
 
 
-class Wss4j:
+class Wss4j(JsonLineProcess):
     """One `java -jar wss4j-harness.jar` process; calls are serialized (one request line, one answer line)."""
 
-    def __init__(self, jar: Path = JAR) -> None:
-        java = shutil.which("java")
-        if java is None:
-            raise RuntimeError("java is needed for the WSS4J interop tests: apt-get install -y openjdk-17-jre-headless")
-        if not jar.exists():
-            raise RuntimeError(f"{jar} is missing: build it with `make wss4j` (Maven, Java 17)")
-        # C1 only: a test session is short, and the JIT's start-up is most of its Java time.
-        self.proc = subprocess.Popen(
-            [java, "-XX:TieredStopAtLevel=1", "-jar", str(jar)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            encoding="utf-8",
-        )
-        self.lock = threading.Lock()
-        self.call("ping")
+    name = "the WSS4J harness"
+    make_target = "wss4j"
 
-    def call(self, op: str, **params: Any) -> dict[str, Any]:
-        """The answer's fields; WSS4J's refusal raises Wss4jError with WSS4J's message."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        with self.lock:
-            self.proc.stdin.write(json.dumps({"op": op, **params}) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the WSS4J harness exited ({self.proc.poll()})")
-        answer = json.loads(line)
-        if not answer.pop("ok"):
-            raise Wss4jError(answer["error"] + ("\n" + answer["trace"] if "trace" in answer else ""))
-        return answer
+    def __init__(self, jar: Path = JAR) -> None:
+        super().__init__(jar)
+
+    def refused(self, error: str, trace: str) -> Exception:
+        """WSS4J's refusal, with WSS4J's message."""
+        return Wss4jError(error + ("\n" + trace if trace else ""))
 
     def secure(self, xml: bytes, steps: list[dict[str, Any]], layout: str = "prepend") -> dict[str, Any]:
         return self.call("secure", xml=xml.decode(), steps=steps, layout=layout)
 
     def verify(self, xml: bytes, **params: Any) -> dict[str, Any]:
         return self.call("verify", xml=xml.decode(), **params)
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
 
 
 def part(local: str, namespace: str, modifier: str = "Element") -> str:
