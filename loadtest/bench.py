@@ -50,7 +50,7 @@ from certs import hsm, pki
 from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway, Options, default_workers
 from gateway.policy import PolicySet, load_dir
-from loadtest import engine_cpu
+from loadtest import engine_cpu, targets
 from loadtest.messages import (
     ENCRYPTED_KEY,
     HMAC_KEY_NAME,
@@ -73,18 +73,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_CAP_RPS = {"small": 3000.0, "large": 1500.0, "huge": 150.0}
 CAP_MARGIN = 1.3
 PLAIN_BODIES_PER_THREAD = 256  # none/tls/xml: distinct bodies, cycled (no replay detection there)
-
-# The targets of the project's brief (issue 11: gateway CPU per request; the engine's, beside WSS4J, is the
-# engine table's): (label, profile, size, metric, bound, higher_is_better). A bound (factor, profile) is that
-# factor times the other profile's value at the same size.
-TARGETS: tuple[tuple[str, str, str, str, float | tuple[float, str], bool], ...] = (
-    ("filter CPU on xml, 1 KB", "xml", "small", "filter_cpu_us", 120.0, False),
-    ("gateway CPU on xml, 1 KB", "xml", "small", "gateway_cpu_us", 350.0, False),
-    ("gateway CPU on hmac, 1 KB", "hmac", "small", "gateway_cpu_us", 500.0, False),
-    ("gateway CPU on rsa, 1 KB", "rsa", "small", "gateway_cpu_us", 1500.0, False),
-    ("gateway CPU on rsa-encrypted, 1 KB", "rsa-encrypted", "small", "gateway_cpu_us", 1900.0, False),
-    ("gateway CPU on sc vs hmac, 1 KB", "secureconversation", "small", "gateway_cpu_us", (1.1, "hmac"), False),
-)
 
 # Envoy counters worth reporting when they move during a point. Normal: Envoy resets each ext_proc stream when
 # the exchange is done, and wrk resets the requests it has in flight when its time is up (at most one per
@@ -694,7 +682,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def report(points: list[Point], out: IO[str]) -> None:
+def report(points: list[Point], floors: targets.Floors, out: IO[str]) -> None:
     normalize(points)
     profiles = [p for p in PROFILES if any(x.profile == p for x in points)]
     sizes = [s for s in SIZES if any(x.size == s for x in points)]
@@ -774,29 +762,7 @@ def report(points: list[Point], out: IO[str]) -> None:
             ])  # fmt: skip
         print(_table(header, rows), file=out)
 
-    print("\nTargets (reported, never asserted)", file=out)
-    for label, prof, size, metric, bound, higher in TARGETS:
-        p = at.get((prof, size))
-        if p is None:
-            print(f"  {label:36} not measured", file=out)
-            continue
-        value = getattr(p, metric)
-        unit = "req/s" if metric == "rps" else "us/request"
-        if isinstance(bound, tuple):
-            other = at.get((bound[1], size))
-            if other is None:
-                print(f"  {label:36} not measured ({bound[1]} is not)", file=out)
-                continue
-            bound = bound[0] * getattr(other, metric)
-        met = value >= bound if higher else value <= bound
-        gap = abs(value - bound)
-        rel = value / bound if bound else 0.0
-        how = ("above" if higher else "under") if met else ("short" if higher else "over")
-        print(
-            f"  {label:36} {_fmt(value):>8} {unit:10} target {'>=' if higher else '<='} {_fmt(bound):>6}: "
-            f"{'met   ' if met else 'MISSED'} ({_fmt(gap)} {unit} {how}; {rel:.2f}x the target)",
-            file=out,
-        )
+    targets.report(lambda prof, size: at.get((prof, size)), floors, out)
 
     problems = [p for p in points if p.errors or p.paced_errors or p.verify_failures or p.faults or p.notes
                 or p.envoy_problems]  # fmt: skip
@@ -980,7 +946,7 @@ def run_bench(
                         flush=True,
                     )
         shutil.rmtree(out / "bodies", ignore_errors=True)
-    report(points, log)
+    report(points, targets.measure_floors(sizes), log)
     if engine_scale > 0 and engine_cpu.secured(profiles):
         with _env(WSGATE_BENCH_CERTS=str(certs)):
             policy_set = load_dir(policies)

@@ -5,7 +5,7 @@
 - loadtest/locustfile.py: every user class, run headless against a real gateway, has its messages accepted and
   its replies verified; the message factory's check refuses a replay and a wrong reply;
 - loadtest/optimizations.py: a tiny run prints every row, with the hit rates the traffic implies;
-- loadtest/engine_cpu.py: a tiny run gives every secured profile its row beside WSS4J's figure."""
+- loadtest/engine_cpu.py: a tiny run gives every secured profile its row beside WSS4J's, measured in the same run."""
 
 from __future__ import annotations
 
@@ -61,10 +61,11 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     for heading in ("Throughput at saturation", "Latency at a fixed moderate rate", "Gateway CPU per request",
                     "Where the filter's time goes", "The ext_proc hop at the paced rate", "Targets"):  # fmt: skip
         assert heading in text
-    assert "gateway CPU on hmac, 1 KB" in text and re.search(r"gateway CPU on sc vs hmac, 1 KB +not measured", text)
+    # Issue 28's targets are ratios to `none` (not measured here) and floors measured in the same run.
+    assert re.search(r"  hmac, 1 KB +not measured", text) and "floors in this run: RSA-2048 sign" in text
     # The gateway CPU per request relative to none is printed (here without none: "-"); then the engine in process.
     assert "Gateway CPU per request at saturation, us: Envoy + filter workers = total (relative to none)" in text
-    assert re.search(r"\nhmac\s+[\d,]+ vs 437 \([\d.]+x\)", text.split("The engine's CPU per exchange")[1]), text
+    assert re.search(r"\nhmac\s+[\d,]+ vs [\d,]+ \([\d.]+x\)", text.split("The engine's CPU per exchange")[1]), text
     rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
     assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
     assert float(rows[0]["rps"]) > 0 and float(rows[0]["gateway_cpu_us"]) > 0
@@ -163,20 +164,25 @@ def test_large_smoke(tmp_path: Path, pki: Path, capsys: pytest.CaptureFixture[st
 
 def test_engine_cpu_smoke(pki: Path) -> None:
     """Every secured profile has its row (plain ones none), secureconversation in a context it established in
-    process; a WSS4J figure where the reference has one."""
+    process; WSS4J's secure + verify of the same shape measured in the same run (its harness is built by `make
+    test`), never a stored figure; a profile WSS4J has no shape for says so."""
     policies = optimizations.bench_policies(pki)
-    rows = engine_cpu.run(["xml", "secureconversation", "username"], ["small", "large"], policies, pki, scale=0.01)
+    rows = engine_cpu.run(
+        ["xml", "secureconversation", "username"], ["small", "large"], policies, pki, scale=0.01, rounds=2
+    )
     assert [(r.profile, r.size) for r in rows] == [
         ("secureconversation", "small"),
         ("secureconversation", "large"),
         ("username", "small"),
         ("username", "large"),
     ]
-    assert all(r.us > 0 for r in rows)
-    assert [r.wss4j_us for r in rows] == [425, 3002, None, None]
+    assert all(r.us > 0 and r.spread[0] <= r.us <= r.spread[1] for r in rows)
+    sc_small, sc_large, *username = rows
+    assert sc_small.wss4j_us and sc_large.wss4j_us and sc_large.wss4j_us > sc_small.wss4j_us
+    assert [r.wss4j_us for r in username] == [None, None]
     out = io.StringIO()
     engine_cpu.report(rows, out)
-    assert "vs 425 (" in out.getvalue() and "(no WSS4J figure)" in out.getvalue()
+    assert f"vs {sc_small.wss4j_us:,.0f} (" in out.getvalue() and "(no WSS4J figure" in out.getvalue()
 
 
 def test_optimizations_smoke(pki: Path) -> None:

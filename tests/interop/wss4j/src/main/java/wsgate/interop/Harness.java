@@ -13,7 +13,7 @@ import org.apache.wss4j.dom.engine.WSSConfig;
 
 /**
  * A real, unmodified Apache WSS4J 4.0.1 (DOM API) behind JSON lines: one request object per line on stdin, one
- * answer object per line on stdout. {"op": "secure" | "verify" | "ping", ...} -> {"ok": true, ...} or
+ * answer object per line on stdout. {"op": "secure" | "verify" | "bench" | "ping", ...} -> {"ok": true, ...} or
  * {"ok": false, "error": "..."} (WSS4J's own error text). One process serves a whole pytest session.
  */
 public final class Harness {
@@ -41,6 +41,7 @@ public final class Harness {
                     case "ping" -> new JsonObject();
                     case "secure" -> new Secure(req, secrets).run();
                     case "verify" -> new Verify(req, secrets).run();
+                    case "bench" -> new Bench(req, secrets).run();
                     default -> throw new IllegalArgumentException("unknown op " + op);
                 };
                 answer.addProperty("ok", true);

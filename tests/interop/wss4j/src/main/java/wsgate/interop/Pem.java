@@ -11,11 +11,14 @@ import java.security.cert.CertificateFactory;
 import java.security.cert.X509Certificate;
 import java.security.spec.PKCS8EncodedKeySpec;
 import java.util.Base64;
+import java.util.HashMap;
+import java.util.Map;
 import org.apache.wss4j.common.crypto.Merlin;
 
 /** The demo PKI's PEM files (certs/pki.py: PKCS#8 keys, X.509 certificates) as WSS4J Merlin crypto objects. */
 final class Pem {
     static final String KEY_ALIAS = "key";
+    private static final Map<String, Merlin> CRYPTO = new HashMap<>();
 
     private Pem() {
     }
@@ -32,8 +35,33 @@ final class Pem {
         return KeyFactory.getInstance("RSA").generatePrivate(new PKCS8EncodedKeySpec(Base64.getDecoder().decode(b64)));
     }
 
-    /** A Merlin with an optional private key (alias KEY_ALIAS) and the given trust anchors. */
+    /**
+     * A Merlin with an optional private key (alias KEY_ALIAS) and the given trust anchors. Kept per set of files (and
+     * their modification times): a WSS4J service loads its Crypto once, and the bench must not time PEM parsing.
+     */
     static Merlin crypto(String keyPath, String certPath, String... anchors) throws Exception {
+        StringBuilder id = new StringBuilder();
+        for (String path : concat(keyPath, certPath, anchors)) {
+            id.append(path).append('@').append(path == null ? 0 : Files.getLastModifiedTime(Path.of(path)).toMillis())
+                .append('|');
+        }
+        Merlin cached = CRYPTO.get(id.toString());
+        if (cached == null) {
+            cached = load(keyPath, certPath, anchors);
+            CRYPTO.put(id.toString(), cached);
+        }
+        return cached;
+    }
+
+    private static String[] concat(String keyPath, String certPath, String[] anchors) {
+        String[] all = new String[anchors.length + 2];
+        all[0] = keyPath;
+        all[1] = certPath;
+        System.arraycopy(anchors, 0, all, 2, anchors.length);
+        return all;
+    }
+
+    private static Merlin load(String keyPath, String certPath, String... anchors) throws Exception {
         Merlin merlin = new Merlin();
         KeyStore ks = KeyStore.getInstance("PKCS12");
         ks.load(null, null);

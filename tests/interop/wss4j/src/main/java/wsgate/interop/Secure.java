@@ -19,6 +19,7 @@ import org.apache.wss4j.common.derivedKey.ConversationConstants;
 import org.apache.wss4j.common.util.KeyUtils;
 import org.apache.wss4j.dom.WSConstants;
 import org.apache.wss4j.dom.engine.WSSConfig;
+import org.apache.wss4j.dom.message.WSSecDKEncrypt;
 import org.apache.wss4j.dom.message.WSSecDKSign;
 import org.apache.wss4j.dom.message.WSSecEncrypt;
 import org.apache.wss4j.dom.message.WSSecEncryptedKey;
@@ -203,6 +204,34 @@ final class Secure {
             enc.setKeyEncAlgo(Algorithms.transport(str(step, "transport", "rsa-oaep-mgf1p")));
             SecretKey key = KeyUtils.getKeyGenerator(enc.getSymmetricEncAlgorithm()).generateKey();
             enc.build(Pem.crypto(null, null), key);
+            return;
+        }
+        if ("sct".equals(with)) {
+            // A key derived from the context's secret (CXF's SecureConversation with RequireDerivedKeys).
+            WSSecDKEncrypt dk = new WSSecDKEncrypt(header);
+            dk.setWscVersion(ConversationConstants.VERSION_05_12);
+            dk.setCustomValueType(WSConstants.WSC_SCT_05_12);
+            if (sctId != null) {
+                dk.setTokenIdentifier(sctId);
+            } else {
+                dk.setTokenIdDirectId(true);
+                dk.setTokenIdentifier(sctIdentifier);
+            }
+            dk.setSymmetricEncAlgorithm(enc.getSymmetricEncAlgorithm());
+            dk.setDerivedKeyLength(32);
+            dk.getParts().addAll(enc.getParts());
+            Set<Node> before = children();
+            dk.build(sctSecret);
+            // The ReferenceList goes after the DerivedKeyToken whose key it needs.
+            Element sec = header.getSecurityHeaderElement();
+            for (Node n = sec.getFirstChild(); n != null; n = n.getNextSibling()) {
+                if (!before.contains(n) && "ReferenceList".equals(n.getLocalName())) {
+                    sec.removeChild(n);
+                    Element dkt = dk.getdktElement();
+                    sec.insertBefore(n, dkt.getNextSibling());
+                    break;
+                }
+            }
             return;
         }
         if (!"encrypted_key".equals(with)) {

@@ -1,0 +1,142 @@
+"""Issue 28's targets, printed by `make bench` (reported, never asserted): gateway CPU per request as a multiple of
+`none` in the same run, with the floors the targets are stated against measured in the same run too.
+
+Gateway CPU here is Envoy + filter workers + the gateway's Redis, per request. The floors:
+- RSA-2048's private-key operation (`openssl speed rsa2048`'s sign time): rsa spends one (the response's
+  signature), rsa-encrypted two (that and the request's key unwrap); what the gateway spends beside them is held
+  to 4x `none`.
+- The bytes' own cost: exclusive C14N and SHA-256 of the plain request's Body, in process: a 30 KB route is held
+  to 1.5x (its 1 KB figure + what its extra bytes cost to canonicalize and digest)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import IO, Protocol
+
+from lxml import etree
+
+from filters.engine import ns
+from loadtest.messages import plain_request
+
+
+class Measured(Protocol):
+    gateway_cpu_us: float
+    redis_cpu_us: float
+
+
+@dataclass(frozen=True)
+class Floors:
+    rsa_sign_us: float  # one RSA-2048 private-key operation (nan if openssl could not say)
+    bytes_us: Mapping[str, float]  # exclusive C14N + SHA-256 of each size's plain Body, us
+
+
+def rsa_sign_us() -> float:
+    """`openssl speed rsa2048`'s sign time on this machine, us (nan when it cannot be read)."""
+    try:
+        out = subprocess.run(["openssl", "speed", "-seconds", "2", "rsa2048"], capture_output=True, text=True,
+                             timeout=120, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return float("nan")
+    m = re.search(r"^rsa\s+2048 bits\s+([\d.]+)s", out, re.M)
+    return float(m.group(1)) * 1e6 if m else float("nan")
+
+
+def bytes_us(size: str, repeat: int = 200) -> float:
+    """Median us to canonicalize (exclusive C14N) and SHA-256 the plain request's Body of `size`."""
+    body = etree.fromstring(plain_request(size, "floor")[0]).find(f"{{{ns.SOAP11}}}Body")
+    assert body is not None
+    samples = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        hashlib.sha256(etree.tostring(body, method="c14n", exclusive=True)).digest()
+        samples.append(time.process_time() - t0)
+    samples.sort()
+    return samples[len(samples) // 2] * 1e6
+
+
+def measure_floors(sizes: list[str]) -> Floors:
+    return Floors(rsa_sign_us(), {s: bytes_us(s) for s in sizes if s in ("small", "large")})
+
+
+def cpu(p: Measured) -> float:
+    return p.gateway_cpu_us + p.redis_cpu_us
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    profile: str
+    size: str
+    value: Callable[[Measured, Floors], float]  # what is held to the bound
+    bound: Callable[[Callable[[str, str], Measured | None], Floors], float | None]  # None: not measured
+    how: str  # the bound, in words
+
+
+def _times(factor: float, profile: str, size: str = "small") -> Callable[..., float | None]:
+    def bound(at: Callable[[str, str], Measured | None], floors: Floors) -> float | None:
+        p = at(profile, size)
+        return factor * cpu(p) if p else None
+
+    return bound
+
+
+def _beyond_rsa(ops: int) -> Callable[[Measured, Floors], float]:
+    return lambda p, floors: cpu(p) - ops * floors.rsa_sign_us
+
+
+def _large_bound(profile: str) -> Callable[..., float | None]:
+    def bound(at: Callable[[str, str], Measured | None], floors: Floors) -> float | None:
+        p = at(profile, "small")
+        extra = floors.bytes_us.get("large", float("nan")) - floors.bytes_us.get("small", float("nan"))
+        return 1.5 * (cpu(p) + extra) if p else None
+
+    return bound
+
+
+def _plain(p: Measured, floors: Floors) -> float:
+    return cpu(p)
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("xml, 1 KB", "xml", "small", _plain, _times(2.4, "none"), "2.4x none"),
+    Target("hmac, 1 KB", "hmac", "small", _plain, _times(3.4, "none"), "3.4x none"),
+    Target("secureconversation, 1 KB", "secureconversation", "small", _plain, _times(3.4, "none"), "3.4x none"),
+    Target("secureconversation vs hmac, 1 KB", "secureconversation", "small", _plain, _times(1.1, "hmac"),
+           "1.1x hmac"),
+    *(Target(f"{p}, 30 KB", p, "large", _plain, _large_bound(p), "1.5x (1 KB + bytes)")
+      for p in ("xml", "hmac", "secureconversation")),
+    Target("rsa beside 1 RSA op, 1 KB", "rsa", "small", _beyond_rsa(1), _times(4.0, "none"), "4x none"),
+    Target("rsa-encrypted beside 2 RSA ops, 1 KB", "rsa-encrypted", "small", _beyond_rsa(2), _times(4.0, "none"),
+           "4x none"),
+)  # fmt: skip
+
+
+def report(at: Callable[[str, str], Measured | None], floors: Floors, out: IO[str]) -> None:
+    print(
+        "\nTargets (issue 28; reported, never asserted): gateway CPU per request (Envoy + workers + Redis), us",
+        file=out,
+    )
+    extra = floors.bytes_us.get("large", float("nan")) - floors.bytes_us.get("small", float("nan"))
+    print(
+        f"  floors in this run: RSA-2048 sign {floors.rsa_sign_us:,.0f} us (openssl speed); C14N + SHA-256 of the "
+        f"30 KB Body beyond the 1 KB one {extra:,.0f} us",
+        file=out,
+    )
+    for t in TARGETS:
+        p = at(t.profile, t.size)
+        bound = t.bound(at, floors)
+        if p is None or bound is None or bound != bound:
+            print(f"  {t.label:38} not measured", file=out)
+            continue
+        value = t.value(p, floors)
+        met = value <= bound
+        print(
+            f"  {t.label:38} {value:>8,.0f}  target <= {bound:>8,.0f} ({t.how}): "
+            f"{'met   ' if met else 'MISSED'} ({value / bound:.2f}x the target)",
+            file=out,
+        )

@@ -1,0 +1,55 @@
+"""loadtest/targets.py: issue 28's targets are ratios in one run, against floors measured in that run."""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+from loadtest import targets
+
+
+@dataclass
+class P:
+    gateway_cpu_us: float
+    redis_cpu_us: float = 0.0
+
+
+FLOORS = targets.Floors(rsa_sign_us=1000.0, bytes_us={"small": 10.0, "large": 210.0})
+
+
+def _report(points: dict[tuple[str, str], P], floors: targets.Floors = FLOORS) -> dict[str, str]:
+    out = io.StringIO()
+    targets.report(lambda prof, size: points.get((prof, size)), floors, out)
+    lines = out.getvalue().strip().splitlines()[2:]  # after the heading and the floors
+    return {t.label: line for t, line in zip(targets.TARGETS, lines, strict=True)}
+
+
+def test_ratios_are_to_none_and_hmac_of_the_same_run_with_redis_counted() -> None:
+    lines = _report({
+        ("none", "small"): P(100), ("xml", "small"): P(230, 20), ("hmac", "small"): P(300),
+        ("secureconversation", "small"): P(335),
+    })  # fmt: skip
+    assert "MISSED" in lines["xml, 1 KB"] and "1.04x" in lines["xml, 1 KB"]  # 250 > 240: Redis counts
+    assert "met" in lines["hmac, 1 KB"]
+    assert "met" in lines["secureconversation, 1 KB"]
+    assert "MISSED" in lines["secureconversation vs hmac, 1 KB"]  # 335 > 330
+
+
+def test_rsa_is_held_beside_its_private_key_operations() -> None:
+    lines = _report({("none", "small"): P(100), ("rsa", "small"): P(1390), ("rsa-encrypted", "small"): P(2410)})
+    assert "met" in lines["rsa beside 1 RSA op, 1 KB"]  # 390 <= 400
+    assert "MISSED" in lines["rsa-encrypted beside 2 RSA ops, 1 KB"]  # 410 > 400
+
+
+def test_30kb_bound_adds_the_bytes_own_cost() -> None:
+    # 1.5 x (300 + the 200 us the extra bytes cost to canonicalize and digest) = 750
+    assert "met" in _report({("hmac", "small"): P(300), ("hmac", "large"): P(740)})["hmac, 30 KB"]
+    assert "MISSED" in _report({("hmac", "small"): P(300), ("hmac", "large"): P(760)})["hmac, 30 KB"]
+
+
+def test_unmeasured_floor_or_baseline_says_not_measured() -> None:
+    no_openssl = targets.Floors(rsa_sign_us=math.nan, bytes_us={})
+    lines = _report({("rsa", "small"): P(1390), ("hmac", "small"): P(300), ("hmac", "large"): P(700)}, no_openssl)
+    assert lines["rsa beside 1 RSA op, 1 KB"].endswith("not measured")  # no none
+    assert lines["hmac, 30 KB"].endswith("not measured")  # no bytes floor
