@@ -12,7 +12,7 @@ from pathlib import Path
 
 from certs import hsm, pki, rotate
 from filters.engine.wss import inventory
-from gateway.control import envoy_config, published_policy
+from gateway.control import envoy_config, published_certificates, published_policy
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet
@@ -193,6 +193,23 @@ def cmd_revoke(args: argparse.Namespace) -> int:
         return 1
     print(f"revoked {cert.subject.rfc4514_string()} (serial {cert.serial_number:X}, {args.reason}); "
           f"published {args.out / 'ca.crl'}, {args.out / 'index.txt'}")  # fmt: skip
+    return 0
+
+
+def cmd_published(args: argparse.Namespace) -> int:
+    """The signing certificates the routes publish (current, and next during a rotation), as a PEM bundle."""
+    ps = _policies(args.policies)
+    if ps is None:
+        return 1
+    routes = [r for r in ps.routes if args.route in (None, r.name)]
+    if args.route and not routes:
+        print(f"wsgate certs published: no route {args.route!r}", file=sys.stderr)
+        return 1
+    try:
+        print(published_certificates.pem_bundle(routes), end="")
+    except (OSError, ValueError) as exc:
+        print(f"wsgate certs published: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -391,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("--out", type=Path, default=pki.DEFAULT_DIR)
     revoke.add_argument("--reason", choices=pki.REVOCATION_REASONS, default="unspecified")
     revoke.set_defaults(func=cmd_revoke)
+    published = certs_sub.add_parser("published", help="the routes' signing certificates as ?wsdl publishes them "
+                                     "(current, and next during a rotation): a PEM bundle for clients")  # fmt: skip
+    published.add_argument("policies", type=Path, nargs="?", default=Path("policies"))
+    published.add_argument("--route", help="this route's only")
+    published.set_defaults(func=cmd_published)
 
     client = sub.add_parser(
         "client", help="secure a plain SOAP request as a route's policy asks, send it, open the reply"
