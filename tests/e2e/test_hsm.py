@@ -285,6 +285,43 @@ def test_token_gone_fails_closed_with_503_then_recovers_without_restart(gw, pki:
     assert [p.pid for p in gw.workers] == pids and all(p.poll() is None for p in gw.workers)  # not restarted
 
 
+def test_token_down_when_the_worker_starts_does_not_keep_it_from_starting(tmp_path: Path, pki: Path, hsm: Path) -> None:
+    """The worker starts without its token (the public halves are read once it is back): requests needing the
+    token get the 503 fault, routes with file keys serve, and once the token is back all serve, no restart. A
+    route rotating its token decryption key checks the key against its certificate then."""
+    previous = [{"key": str(pki / "gateway-enc.key"), "certificate": str(pki / "gateway-enc.pem")}]
+    rotating = token_route(pki, hsm, "rsa", name="rsa-rotating", encryption={"require_request": True})
+    rotating["rsa"] |= {"decryption_certificate": str(pki / "gateway-enc.pem"), "previous_decryption_keys": previous}
+    routes = [
+        token_route(pki, hsm, "rsa", name="rsa-enc", encryption={"require_request": True, "encrypt_response": True}),
+        rotating,
+        route_doc(pki, "rsa", name="rsa-file"),
+    ]
+    tokens, away = hsm / "softhsm-tokens", hsm / "softhsm-tokens.away"
+    shutil.move(tokens, away)
+    try:
+        with running_gateway(tmp_path, routes, pki) as gw:
+            pids = [p.pid for p in gw.workers]
+            for name in ("rsa-enc", "rsa-rotating"):
+                for version in ("1.1", "1.2"):
+                    resp = send(gw, pki, name, version)[0]
+                    assert resp.status_code == 503, resp.text
+                    assert etree.fromstring(resp.content).find(".//{*}Fault") is not None
+            assert send(gw, pki, "rsa-file")[0].status_code == 200
+            shutil.move(away, tokens)
+            for name in ("rsa-enc", "rsa-rotating"):
+                deadline = time.monotonic() + 10
+                while (resp := send(gw, pki, name)[0]).status_code != 200 and time.monotonic() < deadline:
+                    time.sleep(0.3)
+                assert resp.status_code == 200, resp.text
+            assert [p.pid for p in gw.workers] == pids and all(p.poll() is None for p in gw.workers)
+            logs = "".join(p.read_text(errors="replace") for p in (gw.opts.run_dir / "logs").glob("filter-*.log"))
+            assert "token 'wsgate' unavailable" in logs and "token 'wsgate' is back" in logs
+    finally:
+        if away.exists():
+            shutil.move(away, tokens)
+
+
 def test_demo_keys_in_softhsm_one_command(tmp_path: Path) -> None:
     """`wsgate certs init --hsm` (what `make run-hsm` runs): the demo policy, read with its hsm.env, takes the
     gateway keys from the token; a fresh process, as `wsgate up`'s workers (SoftHSM reads its configuration once)."""
