@@ -42,14 +42,7 @@ DS = f"{{{ns.DS}}}"
 
 def issue(pki: Path, out: Path, common_name: str, stem: str) -> Path:
     """A certificate and key from the demo CA, as out/stem.pem and out/stem.key; returns out/stem."""
-    ca = pki_mod.Issued(keys.load_private_key(pki / "ca.key"), keys.load_certificate(pki / "ca.pem"))
-    got = pki_mod.issue(ca, common_name)
-    (out / f"{stem}.pem").write_bytes(got.cert.public_bytes(serialization.Encoding.PEM))
-    (out / f"{stem}.key").write_bytes(
-        got.key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    pki_mod.write(out, stem, pki_mod.issue(pki_mod.load_ca(pki), common_name))
     return out / stem
 
 
