@@ -203,6 +203,32 @@ def test_module_reinitialized_under_a_pool_does_not_starve_it(hsm: Path, quick_r
     assert outcomes == ["503", "signed"]
 
 
+def test_token_key_not_its_certificates_refused_once_the_token_is_back(hsm: Path, pki: Path, quick_retry: None) -> None:
+    """A rotating route's token key is checked against its decryption_certificate when the token is reached: at
+    load, or, with the token down then, at its first use and every use after (a 500 fault, never the wrong key)."""
+    previous = [{"key": str(pki / "gateway-enc.key"), "certificate": str(pki / "gateway-enc.pem")}]
+    doc = token_route(pki, hsm, "rsa", encryption={"require_request": True})
+    doc["rsa"] |= {"decryption_key": hsm_mod.uri(hsm, "gateway-sign"),  # not gateway-enc.pem's key
+                   "decryption_certificate": str(pki / "gateway-enc.pem"), "previous_decryption_keys": previous}  # fmt: skip
+    with pytest.raises(faults.Fault, match="not the decryption key's"):
+        SecuredPipeline(model(doc), RouteStores())  # the token is up: refused at load
+    keys._token_key.cache_clear()
+    tokens, away = hsm / "softhsm-tokens", hsm / "softhsm-tokens.away"
+    shutil.move(tokens, away)
+    try:
+        pipeline = SecuredPipeline(model(doc), RouteStores())  # the token down: loads
+    finally:
+        shutil.move(away, tokens)
+        keys._token_key.cache_clear()
+    key = pipeline.credentials.decryption_key
+    assert isinstance(key, token.TokenKey)
+    time.sleep(0.1)
+    for _ in range(2):
+        with pytest.raises(faults.Fault, match="not the decryption key's") as err:
+            key.decrypt(b"\x01" * 256, OAEP_SHA1)
+        assert err.value.http_status == 500
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Through the running gateway
 

@@ -341,8 +341,8 @@ class TokenKey(rsa.RSAPrivateKey):
             raise faults.server(self._expected[1])
 
     def _run(self, what: str, op: Callable[[pkcs11.PrivateKey], _T]) -> _T:
-        if self._public is None and what != "load":
-            self.public_key()  # the token is back after a start without it: read (and check) the public half
+        if what != "load":
+            self.public_key()  # read once (the token may have been down at load) and checked against expect()
         try:
             with self.pool.session() as entry:
                 return op(_find_key(entry, self.ref))
