@@ -148,8 +148,12 @@ def _render_kubernetes(args: argparse.Namespace) -> int:
         return 2
     opts = kubernetes.Options(
         image=args.image, demo_backend=not args.no_demo_backend, redis="external" if args.external_redis else "demo",
-        external_redis_port=args.external_redis_port,
+        external_redis_port=args.external_redis_port, hsm_ports=tuple(args.hsm_port),
+        pkcs11_config=tuple(tuple(c.split("=", 1)) for c in args.pkcs11_config if "=" in c),
     )  # fmt: skip
+    if any("=" not in c for c in args.pkcs11_config):
+        print("wsgate render: --pkcs11-config takes ENV=FILE", file=sys.stderr)
+        return 2
     if opts.demo_backend:
         # The demo policies point at ${BACKEND_ADDR}: in the cluster, the demo backend's Service.
         os.environ.setdefault("BACKEND_ADDR", f"{kubernetes.BACKEND}:{kubernetes.BACKEND_PORT}")
@@ -382,6 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--external-redis", action="store_true",
                         help="kubernetes: the filters' Redis URL from keys/redis-url instead of a demo Redis")  # fmt: skip
     render.add_argument("--external-redis-port", type=int, default=6379, help="kubernetes: the port filters may reach")
+    render.add_argument("--pkcs11-config", action="append", default=[], metavar="ENV=FILE",
+                        help="kubernetes: a PKCS#11 module's configuration file (in keys/) and the variable naming it "
+                        "(SoftHSM2's SOFTHSM2_CONF=softhsm2.conf is the default for its module)")  # fmt: skip
+    render.add_argument("--hsm-port", type=int, action="append", default=[],
+                        help="kubernetes: a TCP port the filters may reach a network HSM on")  # fmt: skip
     render.set_defaults(func=cmd_render)
 
     imp = sub.add_parser("import", help="write route policies from a WSDL and its WS-SecurityPolicy")
