@@ -97,6 +97,13 @@ def test_round_trip_with_token_keys(
     assert b"by the token" in reply
 
 
+def test_key_not_on_a_reachable_token_is_refused_at_load(hsm: Path) -> None:
+    """A label the token does not hold is the policy's error, refused as the route loads (a reload keeps the
+    running policies); only a token that cannot be reached is waited for."""
+    with pytest.raises(faults.Fault, match="no such key"):
+        keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign").replace("object=gateway-sign", "object=not-there"))
+
+
 def test_token_key_does_not_leave_the_token(hsm: Path) -> None:
     key = keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign"))
     with pytest.raises(TypeError):

@@ -220,6 +220,10 @@ class Pool:
                 cls._all[key] = Pool(ref, size)
             return cls._all[key]
 
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
     def _open_session(self) -> _Session:
         if self._down_since is not None:
             now = time.monotonic()
@@ -327,7 +331,9 @@ class TokenKey(rsa.RSAPrivateKey):
         try:
             self.public_key()
         except faults.Fault:
-            pass  # the pool logged the token unavailable; requests needing the key get its 503
+            if not self.pool.down:
+                raise  # the token answered: no such key (a policy error, refused at load)
+            # The pool logged the token unavailable; requests needing the key get its 503.
 
     def expect(self, public: rsa.RSAPublicKey, mismatch: str) -> None:
         """The key must be `public`'s (its certificate's): checked now, or once the token is back (a 500 fault
