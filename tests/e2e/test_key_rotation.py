@@ -32,7 +32,7 @@ from filters.stores.factory import RouteStores
 from gateway.control import published_certificates
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig, content_type
-from tests.support.harness import running_gateway
+from tests.support.harness import running_gateway, write_policies
 from tests.support.wss_helpers import echo, round_trip, route_doc
 
 WSGATE = Path(sys.executable).parent / "wsgate"
@@ -220,6 +220,17 @@ def test_new_signing_certificate_published_before_responses_switch(tmp_path: Pat
                 assert resp.status_code == 200, resp.text
                 assert response_signer(resp.content) == signer  # never the next one before the switch
                 client.open(resp.content, pending)  # verified against the CA: clients need nothing else
+
+
+def test_next_certificate_that_cannot_be_read_is_refused_by_the_policy_check(tmp_path: Path, pki: Path) -> None:
+    """No worker reads it, so the check does: a reload with it missing (or not a certificate) keeps the running
+    policies instead of publishing nothing."""
+    (tmp_path / "not-a-cert.pem").write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    for bad in (tmp_path / "missing.pem", tmp_path / "not-a-cert.pem"):
+        doc = route_doc(pki, "rsa", name="rot", rsa={"next_certificate": str(bad)}, upstream={"address": "127.0.0.1:1"})
+        policies = write_policies(tmp_path / f"policies-{bad.stem}", [doc])
+        done = wsgate("check", policies)
+        assert done.returncode == 1 and "rsa.next_certificate" in done.stdout + done.stderr, done
 
 
 # ---------------------------------------------------------------------------------------------------------
