@@ -133,7 +133,8 @@ def issue(
     return Issued(key, builder.sign(ca.key, hashes.SHA256()))
 
 
-def _write(out: Path, stem: str, issued: Issued) -> None:
+def write(out: Path, stem: str, issued: Issued) -> None:
+    """out/stem.pem and out/stem.key (mode 0600)."""
     (out / f"{stem}.pem").write_bytes(issued.cert.public_bytes(serialization.Encoding.PEM))
     key_path = out / f"{stem}.key"
     key_path.write_bytes(
@@ -163,19 +164,19 @@ def init(out: Path = DEFAULT_DIR, force: bool = False, ocsp_url: str = DEMO_OCSP
     (out / ".gitignore").write_text("*\n")
     (out / "index.txt").write_text("")
     ca = make_ca("WSGate Demo CA")
-    _write(out, "ca", ca)
-    _write(out, "gateway-tls", issue(ca, "localhost", server_names=["localhost", "127.0.0.1"]))
-    _write(out, "gateway-sign", issue(ca, "WSGate Gateway Signing"))
-    _write(out, "gateway-enc", issue(ca, "WSGate Gateway Encryption"))
-    _write(out, "client", issue(ca, "Demo Client", client_auth=True, ocsp_url=ocsp_url))
-    _write(out, "client2", issue(ca, "Demo Client Two", client_auth=True, ocsp_url=ocsp_url))
-    _write(out, "ocsp", issue(ca, "WSGate Demo OCSP Responder", ocsp_signing=True))
+    write(out, "ca", ca)
+    write(out, "gateway-tls", issue(ca, "localhost", server_names=["localhost", "127.0.0.1"]))
+    write(out, "gateway-sign", issue(ca, "WSGate Gateway Signing"))
+    write(out, "gateway-enc", issue(ca, "WSGate Gateway Encryption"))
+    write(out, "client", issue(ca, "Demo Client", client_auth=True, ocsp_url=ocsp_url))
+    write(out, "client2", issue(ca, "Demo Client Two", client_auth=True, ocsp_url=ocsp_url))
+    write(out, "ocsp", issue(ca, "WSGate Demo OCSP Responder", ocsp_signing=True))
     for stem in ("gateway-tls", "gateway-sign", "gateway-enc", "client", "client2", "ocsp"):
         record(out, load_pem_certificate(out / f"{stem}.pem"))
     publish_crl(out)
     rogue_ca = make_ca("Rogue CA")
-    _write(out, "rogue-ca", rogue_ca)
-    _write(out, "rogue", issue(rogue_ca, "Demo Client", client_auth=True))
+    write(out, "rogue-ca", rogue_ca)
+    write(out, "rogue", issue(rogue_ca, "Demo Client", client_auth=True))
     hmac_keys = {"keys": {"demo-client": base64.b64encode(secrets.token_bytes(32)).decode()}}
     (out / "hmac-keys.yaml").write_text(yaml.safe_dump(hmac_keys))
     users = {
@@ -314,7 +315,7 @@ def ensure_revocation(out: Path) -> None:
     publish a CRL if there is none or it is near its nextUpdate."""
     ca = load_ca(out)
     if not (out / "ocsp.pem").exists():
-        _write(out, "ocsp", issue(ca, "WSGate Demo OCSP Responder", ocsp_signing=True))
+        write(out, "ocsp", issue(ca, "WSGate Demo OCSP Responder", ocsp_signing=True))
         (out / "ocsp.key").chmod(0o600)
     if not (out / "index.txt").exists():
         (out / "index.txt").write_text("")

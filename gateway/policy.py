@@ -226,6 +226,9 @@ class RsaOptions(DecryptionKeys):
     sign_response: bool = True
     key: PrivateKeyRef = "certs/out/gateway-sign.key"  # signs responses (a PEM file or a pkcs11: URI)
     certificate: str = "certs/out/gateway-sign.pem"
+    # The certificate signing switches to on a later reload: published beside `certificate` meanwhile (?wsdl,
+    # `wsgate certs published`), never used to sign (docs/keys.md "The signing key").
+    next_certificate: str | None = None
     decryption_key: PrivateKeyRef = "certs/out/gateway-enc.key"  # decrypts requests encrypted to us
 
 

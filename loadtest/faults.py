@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from certs import pki, rotate
 from gateway.control.supervisor import Gateway
+from gateway.policy import load_dir
 
 DEMO = "urn:wsgate:demo"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
@@ -33,7 +36,9 @@ class Faults:
     gw: Gateway
     lock: threading.Lock  # the gateway's processes: the supervisor thread or one fault at a time
     rng: random.Random
-    policies: Path  # the soak's own copy of the policies, which `reload` changes
+    policies: Path  # the soak's own copy of the policies, which `reload` and `rotation` change
+    rotations: int = 0
+    _generations: list[Path] = field(default_factory=list)  # the key folders `rotation` alternates between
 
     def worker_kill(self) -> str:
         with self.lock:
@@ -65,6 +70,56 @@ class Faults:
         return (
             f"policy reload (route rsa: timestamp.max_age_s {ts['max_age_s']}): {'applied' if changed else 'no change'}"
         )
+
+    def rotation(self) -> str:
+        """Rotate the gateway's keys as docs/keys.md says, under the load: the other generation's signing
+        certificate published (`next_certificate`) and its decryption key made current, this one kept as previous
+        (a reload); then signing switched to it and a new SecureConversation master key sealing (a reload).
+        Generations alternate: the PKI's gateway keys and a pair the PKI's CA issues on the first strike. The
+        clients keep encrypting to the PKI's certificate (current or previous throughout) and check response
+        signatures against the CA, so nothing may be refused."""
+        certs = self.gw.opts.certs
+        if not self._generations:
+            own = self.policies.parent / "rotation"
+            own.mkdir(exist_ok=True)
+            ca = pki.load_ca(certs)
+            pki.write(own, "gateway-sign", pki.issue(ca, "WSGate Gateway Signing (rotated)"))
+            pki.write(own, "gateway-enc", pki.issue(ca, "WSGate Gateway Encryption (rotated)"))
+            self._generations += [certs.resolve(), own.resolve()]
+        now, then = self._generations[self.rotations % 2], self._generations[(self.rotations + 1) % 2]
+        self.rotations += 1
+        path = next(self.policies.glob("*.yaml"))
+        doc = yaml.safe_load(path.read_text())
+        decrypting = {"decryption_key": str(then / "gateway-enc.key"),
+                      "decryption_certificate": str(then / "gateway-enc.pem"),
+                      "previous_decryption_keys": [{"key": str(now / "gateway-enc.key"),
+                                                    "certificate": str(now / "gateway-enc.pem")}]}  # fmt: skip
+        routes = doc["routes"]
+        for route in routes:
+            if route.get("profile") in ("rsa", "secureconversation"):
+                route["rsa"] = {**route["rsa"], **decrypting, "next_certificate": str(then / "gateway-sign.pem")}
+            elif route.get("profile") == "hmac":
+                route["hmac"] = {**route["hmac"], **decrypting}
+        self._apply(path, doc)
+        for route in routes:
+            if route.get("profile") in ("rsa", "secureconversation"):
+                route["rsa"].pop("next_certificate")
+                route["rsa"] |= {"key": str(then / "gateway-sign.key"), "certificate": str(then / "gateway-sign.pem")}
+            if route.get("profile") == "secureconversation":
+                master = self.policies.parent / "rotation" / f"{route['name']}-master-keys.yaml"
+                if not master.exists():
+                    loaded = load_dir(self.policies).route(route["name"]).secureconversation.master_keys_file
+                    shutil.copy(loaded, master)
+                    route["secureconversation"]["master_keys_file"] = str(master)
+                rotate.master_keys(master)
+        self._apply(path, doc)
+        return f"key rotation to {'the rotated' if then != certs.resolve() else 'the PKI'} keys: published, switched"
+
+    def _apply(self, path: Path, doc: dict) -> None:
+        with self.lock:
+            path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            os.utime(path)
+            assert self.gw.reload_if_changed(), "the rotation's policy change was not applied"
 
     def backend_stop(self) -> str:
         gw = self.gw
@@ -99,6 +154,7 @@ KINDS: dict[str, Callable[[Faults], str]] = {
     "worker_kill": Faults.worker_kill,
     "redis_kill": Faults.redis_kill,
     "reload": Faults.reload,
+    "rotation": Faults.rotation,
     "backend_stop": Faults.backend_stop,
     "worker_replace": Faults.worker_replace,
 }

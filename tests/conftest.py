@@ -14,6 +14,7 @@ import pytest
 from certs import hsm as hsm_mod
 from certs import pki as pki_mod
 from tests.support.harness import GatewayFactory, start_redis, stop
+from tests.support.wss_helpers import Keys, with_token_keys
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,6 +48,16 @@ def hsm(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("SOFTHSM2_CONF", None)
     else:
         os.environ["SOFTHSM2_CONF"] = before
+
+
+@pytest.fixture(scope="module", params=["file-keys", "token-keys"])
+def gateway_keys(request: pytest.FixtureRequest) -> Keys:
+    """Where the gateway's private keys are: a module whose routes go through this (`gateway_keys(route_doc(...))`)
+    runs its tests with the keys in PEM files, then with them in the session's SoftHSM2 token."""
+    if request.param == "file-keys":
+        return lambda doc: doc
+    token_dir = request.getfixturevalue("hsm")
+    return lambda doc: with_token_keys(doc, token_dir)
 
 
 @pytest.fixture(scope="session")

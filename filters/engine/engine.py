@@ -33,7 +33,8 @@ class Engine:
 
     def __init__(self, policies: PolicySet, stores: Stores) -> None:
         self.pipelines = {r.name: build_pipeline(r, stores) for r in policies.routes if r.touches_xml}
-        # The keys are loaded (and cached) by now: the inventory reads no token.
+        # The keys are loaded (and cached) by now: the inventory reads no token that is up (one that is down is
+        # tried at most once a second, token.RETRY_S).
         expiry = {
             (r.name, item.use): item.certificate.not_valid_after_utc.timestamp()
             for r in policies.routes

@@ -321,8 +321,13 @@ def _rotating_keys(
     out = []
     for path, key in pairs:
         cert = keys.load_certificate(path)
-        if cert.public_key().public_numbers() != key.public_key().public_numbers():
-            raise faults.server(f"route {route.name}: certificate {path} is not the decryption key's")
+        mismatch = f"route {route.name}: certificate {path} is not the decryption key's"
+        public = cert.public_key()
+        assert isinstance(public, rsa.RSAPublicKey)
+        if isinstance(key, token.TokenKey):
+            key.expect(public, mismatch)  # now, or when its token is back (it may be down as the worker starts)
+        elif public.public_numbers() != key.public_key().public_numbers():
+            raise faults.server(mismatch)
         out.append((cert, key))
     return out
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from certs import hsm, pki, rotate
 from filters.engine.wss import inventory
-from gateway.control import envoy_config, published_policy
+from gateway.control import envoy_config, published_certificates, published_policy
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet
@@ -148,8 +148,12 @@ def _render_kubernetes(args: argparse.Namespace) -> int:
         return 2
     opts = kubernetes.Options(
         image=args.image, demo_backend=not args.no_demo_backend, redis="external" if args.external_redis else "demo",
-        external_redis_port=args.external_redis_port,
+        external_redis_port=args.external_redis_port, hsm_ports=tuple(args.hsm_port),
+        pkcs11_config=tuple(tuple(c.split("=", 1)) for c in args.pkcs11_config if "=" in c),
     )  # fmt: skip
+    if any("=" not in c for c in args.pkcs11_config):
+        print("wsgate render: --pkcs11-config takes ENV=FILE", file=sys.stderr)
+        return 2
     if opts.demo_backend:
         # The demo policies point at ${BACKEND_ADDR}: in the cluster, the demo backend's Service.
         os.environ.setdefault("BACKEND_ADDR", f"{kubernetes.BACKEND}:{kubernetes.BACKEND_PORT}")
@@ -193,6 +197,23 @@ def cmd_revoke(args: argparse.Namespace) -> int:
         return 1
     print(f"revoked {cert.subject.rfc4514_string()} (serial {cert.serial_number:X}, {args.reason}); "
           f"published {args.out / 'ca.crl'}, {args.out / 'index.txt'}")  # fmt: skip
+    return 0
+
+
+def cmd_published(args: argparse.Namespace) -> int:
+    """The signing certificates the routes publish (current, and next during a rotation), as a PEM bundle."""
+    ps = _policies(args.policies)
+    if ps is None:
+        return 1
+    routes = [r for r in ps.routes if args.route in (None, r.name)]
+    if args.route and not routes:
+        print(f"wsgate certs published: no route {args.route!r}", file=sys.stderr)
+        return 1
+    try:
+        print(published_certificates.pem_bundle(routes), end="")
+    except (OSError, ValueError) as exc:
+        print(f"wsgate certs published: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -365,6 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--external-redis", action="store_true",
                         help="kubernetes: the filters' Redis URL from keys/redis-url instead of a demo Redis")  # fmt: skip
     render.add_argument("--external-redis-port", type=int, default=6379, help="kubernetes: the port filters may reach")
+    render.add_argument("--pkcs11-config", action="append", default=[], metavar="ENV=FILE",
+                        help="kubernetes: a PKCS#11 module's configuration file (in keys/) and the variable naming it "
+                        "(SoftHSM2's SOFTHSM2_CONF=softhsm2.conf is the default for its module)")  # fmt: skip
+    render.add_argument("--hsm-port", type=int, action="append", default=[],
+                        help="kubernetes: a TCP port the filters may reach a network HSM on")  # fmt: skip
     render.set_defaults(func=cmd_render)
 
     imp = sub.add_parser("import", help="write route policies from a WSDL and its WS-SecurityPolicy")
@@ -391,6 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("--out", type=Path, default=pki.DEFAULT_DIR)
     revoke.add_argument("--reason", choices=pki.REVOCATION_REASONS, default="unspecified")
     revoke.set_defaults(func=cmd_revoke)
+    published = certs_sub.add_parser("published", help="the routes' signing certificates as ?wsdl publishes them "
+                                     "(current, and next during a rotation): a PEM bundle for clients")  # fmt: skip
+    published.add_argument("policies", type=Path, nargs="?", default=Path("policies"))
+    published.add_argument("--route", help="this route's only")
+    published.set_defaults(func=cmd_published)
 
     client = sub.add_parser(
         "client", help="secure a plain SOAP request as a route's policy asks, send it, open the reply"

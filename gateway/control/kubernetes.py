@@ -24,8 +24,9 @@ from typing import Any, Literal
 import yaml
 
 from certs import pki
+from filters.engine.wss import token
 from filters.engine.xml import wsdl
-from gateway.control import envoy_config
+from gateway.control import envoy_config, kubernetes_pkcs11
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, GRACE_SECONDS, REDIS_URL_ENV, PolicyError, PolicySet, Route
 
 NAMESPACE = "wsgate"
@@ -58,6 +59,8 @@ class Options:
     external_redis_port: int = REDIS_PORT
     envoy_replicas: tuple[int, int] = (2, 6)  # the HorizontalPodAutoscaler's min and max
     filter_replicas: tuple[int, int] = (2, 10)
+    pkcs11_config: tuple[tuple[str, str], ...] = ()  # (ENV, file in keys/): a PKCS#11 module's configuration
+    hsm_ports: tuple[int, ...] = ()  # TCP ports the filters may reach a network HSM on
 
 
 def topology() -> envoy_config.Topology:
@@ -237,13 +240,7 @@ def filter_key_files(policies: PolicySet) -> list[str]:
         if route.upstream.ca:
             raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: field upstream.ca: the "
                               "kubernetes target verifies upstreams against the system's CAs only")  # fmt: skip
-        if route.profile not in ("hmac", "rsa", "secureconversation"):
-            continue  # no keys: `none` and `tls` never reach the filters, `xml` checks structure only
-        # What the profile's pipeline loads (filters/engine/profiles.py), nothing the route only carries as a default.
-        sections: list[Any] = [route.username_token, route.hmac if route.profile == "hmac" else route.rsa]
-        if route.profile == "secureconversation" and route.secureconversation.store == "sealed":
-            sections.append(route.secureconversation)
-        for value in (v for section in sections for v in _strings(section.model_dump())):
+        for value in _key_settings(route):
             name = value.removeprefix(prefix)
             if value.endswith(KEY_FILE_SUFFIXES) and (name == value or "/" in name):
                 raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: {value}: key files "
@@ -251,6 +248,24 @@ def filter_key_files(policies: PolicySet) -> list[str]:
             if name != value:
                 files.add(name)
     return sorted(files)
+
+
+def _key_settings(route: Route) -> list[str]:
+    """What the profile's pipeline loads (filters/engine/profiles.py), nothing the route only carries as a default."""
+    if route.profile not in ("hmac", "rsa", "secureconversation"):
+        return []  # no keys: `none` and `tls` never reach the filters, `xml` checks structure only
+    sections: list[Any] = [route.username_token, route.hmac if route.profile == "hmac" else route.rsa]
+    if route.profile == "secureconversation" and route.secureconversation.store == "sealed":
+        sections.append(route.secureconversation)
+    return [v for section in sections for v in _strings(section.model_dump())]
+
+
+def filter_tokens(policies: PolicySet, opts: Options) -> kubernetes_pkcs11.Tokens | None:
+    """The PKCS#11 tokens the filters open (their keys' pkcs11: URIs): the Secret, mounts and variables they need."""
+    uris = {v: f"{policies.sources[r.name]}: route {r.name}" for r in policies.routes for v in _key_settings(r)
+            if token.is_uri(v)}  # fmt: skip
+    reserved = (POLICIES_MOUNT, FILTER_KEYS_MOUNT, "/tmp")
+    return kubernetes_pkcs11.tokens(uris, dict(opts.pkcs11_config), reserved)
 
 
 def schema_documents(policies: PolicySet) -> dict[str, tuple[str, bytes]]:
@@ -313,7 +328,7 @@ def filter_objects(policies: PolicySet, texts: dict[str, str], topo: envoy_confi
     # lasts its whole exchange, the backend's time included); SIGTERM then gives the frame's own grace.
     stop_after_s = DNS_SETTLE_S + _longest_exchange_s(policies, topo)
     redis_url = {"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": {"name": f"{REDIS}-url", "key": "url"}}}
-    container = {
+    container: dict[str, Any] = {
         "name": "filter",
         "image": WSGATE_IMAGE,
         "command": [
@@ -349,6 +364,11 @@ def filter_objects(policies: PolicySet, texts: dict[str, str], topo: envoy_confi
     }
     volumes = [{"name": "policies", "configMap": {"name": config["metadata"]["name"]}},
                _secret_volume("keys", f"{FILTER}-keys"), {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]  # fmt: skip
+    tokens = filter_tokens(policies, opts)
+    if tokens:
+        container["env"] += tokens.env
+        container["volumeMounts"] += tokens.mounts
+        volumes += tokens.volumes
     objects = [config]
     documents = schema_documents(policies)
     if documents:
@@ -458,7 +478,8 @@ def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Opt
         _network_policy(ENVOY, _pods_of(ENVOY)["podSelector"], ingress=[{"ports": _tcp(topo.http_port, topo.https_port)}],
                         egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(policies.routes, opts), dns]),
         _network_policy(FILTER, _pods_of(FILTER)["podSelector"],
-                        ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(FILTER_PORT)}], egress=[to_redis, dns]),
+                        ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(FILTER_PORT)}],
+                        egress=[to_redis, dns, *kubernetes_pkcs11.egress(opts.hsm_ports)]),
     ]  # fmt: skip
     if opts.redis == "demo":
         out.append(_network_policy(REDIS, _pods_of(REDIS)["podSelector"],
@@ -477,7 +498,8 @@ def envoy_key_files(topo: envoy_config.Topology, envoy_files: dict[str, str]) ->
     return sorted(set(found))
 
 
-def kustomization(resources: list[str], envoy_keys: list[str], filter_keys: list[str], opts: Options) -> dict[str, Any]:
+def kustomization(resources: list[str], envoy_keys: list[str], filter_keys: list[str], opts: Options,
+                  token_files: list[str]) -> dict[str, Any]:  # fmt: skip
     def generator(name: str, component: str, **source: list[str]) -> dict[str, Any]:
         return {"name": name, **source, "options": {"labels": labels(component)}}
 
@@ -498,6 +520,11 @@ def kustomization(resources: list[str], envoy_keys: list[str], filter_keys: list
             generator(f"{ENVOY}-tls", ENVOY, files=[f"{KEYS_DIR}/{f}" for f in envoy_keys]),
             generator(f"{FILTER}-keys", FILTER, files=[f"{KEYS_DIR}/{f}" for f in filter_keys]),
             redis_url,
+            *(
+                [generator(kubernetes_pkcs11.SECRET, FILTER, files=[f"{KEYS_DIR}/{f}" for f in token_files])]
+                if token_files
+                else []
+            ),
         ],
         "images": [{"name": WSGATE_IMAGE, "newName": name, "newTag": tag}],
     }
@@ -510,6 +537,8 @@ def render(policies: PolicySet, policies_dir: Path, opts: Options) -> dict[str, 
     texts = {p.name: p.read_text() for p in sorted(Path(policies_dir).glob("*.y*ml")) if p.suffix in (".yaml", ".yml")}
     envoy = envoy_objects(policies, topo, opts)
     filter_keys = filter_key_files(policies)
+    tokens = filter_tokens(policies, opts)
+    token_files = tokens.secret_keys if tokens else []
     parts: dict[str, list[dict[str, Any]]] = {
         "namespace.yaml": [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": {PART_OF: "wsgate"}}}
@@ -523,10 +552,10 @@ def render(policies: PolicySet, policies_dir: Path, opts: Options) -> dict[str, 
         parts["backend.yaml"] = backend_objects()
     parts["network-policies.yaml"] = network_policies(policies, topo, opts)
     envoy_keys = envoy_key_files(topo, envoy[0]["data"])
-    needed = sorted({*envoy_keys, *filter_keys, *(["redis-url"] if opts.redis == "external" else [])})
+    needed = sorted({*envoy_keys, *filter_keys, *token_files, *(["redis-url"] if opts.redis == "external" else [])})
     files = {name: yaml.safe_dump_all(objs, sort_keys=False, width=200) for name, objs in parts.items()}
     files["kustomization.yaml"] = yaml.safe_dump(
-        kustomization(list(parts), envoy_keys, filter_keys, opts), sort_keys=False, width=200
+        kustomization(list(parts), envoy_keys, filter_keys, opts, token_files), sort_keys=False, width=200
     )
     # What keys/ must hold before `kubectl apply -k`; and never let them into the operator's repository.
     files[f"{KEYS_DIR}/.gitignore"] = (

@@ -4,7 +4,8 @@ clients, served by Envoy itself (gateway/control/envoy_config.py: GET or HEAD on
 The named WSDL is served at `<path>?wsdl`, each document it reaches at `<path>?wsdl=<n>` (WSDL) or `?xsd=<n>`
 (schema), n its position in filters/engine/xml/wsdl.py's breadth-first order (stable while the files are). Rewritten: every
 import's location to those URLs, every soap:address and soap12:address to the gateway's URL for the route, and
-the WS-SecurityPolicy to the gateway's (gateway/control/published_policy.py). The gateway's URL is `edge.public_url`, or
+the WS-SecurityPolicy to the gateway's (gateway/control/published_policy.py); the signing certificates are added
+to each port (gateway/control/published_certificates.py). The gateway's URL is `edge.public_url`, or
 the listener the route is served on; never the request's Host header, which the client writes."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from lxml import etree
 
 from filters.engine import ns
 from filters.engine.xml import wsdl
-from gateway.control import published_policy
+from gateway.control import published_certificates, published_policy
 from gateway.policy import Edge, Route
 
 ADDRESSES = (ns.q(ns.WSDL_SOAP11, "address"), ns.q(ns.WSDL_SOAP12, "address"))
@@ -58,5 +59,6 @@ def documents(route: Route, base: str) -> list[Document]:
             for address in root.iter(*ADDRESSES):
                 address.set("location", service)
             published_policy.rewrite(root, route)
+            published_certificates.publish(root, route)
         out.append(Document(query, value, etree.tostring(root, xml_declaration=True, encoding="UTF-8")))
     return out

@@ -97,6 +97,13 @@ def test_round_trip_with_token_keys(
     assert b"by the token" in reply
 
 
+def test_key_not_on_a_reachable_token_is_refused_at_load(hsm: Path) -> None:
+    """A label the token does not hold is the policy's error, refused as the route loads (a reload keeps the
+    running policies); only a token that cannot be reached is waited for."""
+    with pytest.raises(faults.Fault, match="no such key"):
+        keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign").replace("object=gateway-sign", "object=not-there"))
+
+
 def test_token_key_does_not_leave_the_token(hsm: Path) -> None:
     key = keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign"))
     with pytest.raises(TypeError):
@@ -203,6 +210,32 @@ def test_module_reinitialized_under_a_pool_does_not_starve_it(hsm: Path, quick_r
     assert outcomes == ["503", "signed"]
 
 
+def test_token_key_not_its_certificates_refused_once_the_token_is_back(hsm: Path, pki: Path, quick_retry: None) -> None:
+    """A rotating route's token key is checked against its decryption_certificate when the token is reached: at
+    load, or, with the token down then, at its first use and every use after (a 500 fault, never the wrong key)."""
+    previous = [{"key": str(pki / "gateway-enc.key"), "certificate": str(pki / "gateway-enc.pem")}]
+    doc = token_route(pki, hsm, "rsa", encryption={"require_request": True})
+    doc["rsa"] |= {"decryption_key": hsm_mod.uri(hsm, "gateway-sign"),  # not gateway-enc.pem's key
+                   "decryption_certificate": str(pki / "gateway-enc.pem"), "previous_decryption_keys": previous}  # fmt: skip
+    with pytest.raises(faults.Fault, match="not the decryption key's"):
+        SecuredPipeline(model(doc), RouteStores())  # the token is up: refused at load
+    keys._token_key.cache_clear()
+    tokens, away = hsm / "softhsm-tokens", hsm / "softhsm-tokens.away"
+    shutil.move(tokens, away)
+    try:
+        pipeline = SecuredPipeline(model(doc), RouteStores())  # the token down: loads
+    finally:
+        shutil.move(away, tokens)
+        keys._token_key.cache_clear()
+    key = pipeline.credentials.decryption_key
+    assert isinstance(key, token.TokenKey)
+    time.sleep(0.1)
+    for _ in range(2):
+        with pytest.raises(faults.Fault, match="not the decryption key's") as err:
+            key.decrypt(b"\x01" * 256, OAEP_SHA1)
+        assert err.value.http_status == 500
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Through the running gateway
 
@@ -283,6 +316,43 @@ def test_token_gone_fails_closed_with_503_then_recovers_without_restart(gw, pki:
         time.sleep(0.3)
     assert resp.status_code == 200, resp.text
     assert [p.pid for p in gw.workers] == pids and all(p.poll() is None for p in gw.workers)  # not restarted
+
+
+def test_token_down_when_the_worker_starts_does_not_keep_it_from_starting(tmp_path: Path, pki: Path, hsm: Path) -> None:
+    """The worker starts without its token (the public halves are read once it is back): requests needing the
+    token get the 503 fault, routes with file keys serve, and once the token is back all serve, no restart. A
+    route rotating its token decryption key checks the key against its certificate then."""
+    previous = [{"key": str(pki / "gateway-enc.key"), "certificate": str(pki / "gateway-enc.pem")}]
+    rotating = token_route(pki, hsm, "rsa", name="rsa-rotating", encryption={"require_request": True})
+    rotating["rsa"] |= {"decryption_certificate": str(pki / "gateway-enc.pem"), "previous_decryption_keys": previous}
+    routes = [
+        token_route(pki, hsm, "rsa", name="rsa-enc", encryption={"require_request": True, "encrypt_response": True}),
+        rotating,
+        route_doc(pki, "rsa", name="rsa-file"),
+    ]
+    tokens, away = hsm / "softhsm-tokens", hsm / "softhsm-tokens.away"
+    shutil.move(tokens, away)
+    try:
+        with running_gateway(tmp_path, routes, pki) as gw:
+            pids = [p.pid for p in gw.workers]
+            for name in ("rsa-enc", "rsa-rotating"):
+                for version in ("1.1", "1.2"):
+                    resp = send(gw, pki, name, version)[0]
+                    assert resp.status_code == 503, resp.text
+                    assert etree.fromstring(resp.content).find(".//{*}Fault") is not None
+            assert send(gw, pki, "rsa-file")[0].status_code == 200
+            shutil.move(away, tokens)
+            for name in ("rsa-enc", "rsa-rotating"):
+                deadline = time.monotonic() + 10
+                while (resp := send(gw, pki, name)[0]).status_code != 200 and time.monotonic() < deadline:
+                    time.sleep(0.3)
+                assert resp.status_code == 200, resp.text
+            assert [p.pid for p in gw.workers] == pids and all(p.poll() is None for p in gw.workers)
+            logs = "".join(p.read_text(errors="replace") for p in (gw.opts.run_dir / "logs").glob("filter-*.log"))
+            assert "token 'wsgate' unavailable" in logs and "token 'wsgate' is back" in logs
+    finally:
+        if away.exists():
+            shutil.move(away, tokens)
 
 
 def test_demo_keys_in_softhsm_one_command(tmp_path: Path) -> None:

@@ -17,37 +17,45 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from lxml import etree
 
 from certs import hsm as hsm_mod
 from certs import pki as pki_mod
-from filters.engine import faults
+from filters.engine import faults, ns
 from filters.engine.profiles import SecuredPipeline
 from filters.engine.wss import keys
 from filters.engine.wss.secure_conversation import WSC_1_3
 from filters.stores.contexts import MemoryRevocations, SealedContextStore, load_master_keys
 from filters.stores.factory import RouteStores
+from gateway.control import published_certificates
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig, content_type
-from tests.support.harness import running_gateway
+from tests.support.harness import running_gateway, write_policies
 from tests.support.wss_helpers import echo, round_trip, route_doc
 
 WSGATE = Path(sys.executable).parent / "wsgate"
+REPO = Path(__file__).resolve().parents[2]
+DS = f"{{{ns.DS}}}"
+
+
+def issue(pki: Path, out: Path, common_name: str, stem: str) -> Path:
+    """A certificate and key from the demo CA, as out/stem.pem and out/stem.key; returns out/stem."""
+    pki_mod.write(out, stem, pki_mod.issue(pki_mod.load_ca(pki), common_name))
+    return out / stem
 
 
 @pytest.fixture(scope="module")
 def new_key(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A second encryption certificate and key from the demo CA: the one the route rotates to."""
-    out = tmp_path_factory.mktemp("rotation")
-    ca = pki_mod.Issued(keys.load_private_key(pki / "ca.key"), keys.load_certificate(pki / "ca.pem"))
-    got = pki_mod.issue(ca, "WSGate Gateway Encryption 2")
-    (out / "gateway-enc-2.pem").write_bytes(got.cert.public_bytes(serialization.Encoding.PEM))
-    (out / "gateway-enc-2.key").write_bytes(
-        got.key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return out / "gateway-enc-2"
+    return issue(pki, tmp_path_factory.mktemp("rotation"), "WSGate Gateway Encryption 2", "gateway-enc-2")
+
+
+@pytest.fixture(scope="module")
+def new_signer(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second signing certificate and key from the demo CA."""
+    return issue(pki, tmp_path_factory.mktemp("rotation"), "WSGate Gateway Signing 2", "gateway-sign-2")
 
 
 def rotating(pki: Path, profile: str, current: str, previous: list[dict], **extra: object) -> dict:
@@ -55,6 +63,21 @@ def rotating(pki: Path, profile: str, current: str, previous: list[dict], **extr
     if current.startswith("pkcs11:"):
         opts["decryption_certificate"] = str(pki / "gateway-enc.pem")
     return route_doc(pki, profile, **{"rsa" if profile == "rsa" else "hmac": opts}, **extra)
+
+
+def write_route(gw: object, doc: dict) -> None:
+    """The gateway's policy file now holds this one route; reloaded."""
+    text = yaml.safe_dump({"routes": [doc]}, sort_keys=False).replace("BACKEND", gw.backend_addr)  # type: ignore[attr-defined]
+    (gw.opts.policies / "routes.yaml").write_text(text)  # type: ignore[attr-defined]
+    assert gw.reload_if_changed() is True  # type: ignore[attr-defined]
+
+
+def gw_url(gw: object, path: str) -> str:
+    return f"http://127.0.0.1:{gw.opts.http_port}{path}"  # type: ignore[attr-defined]
+
+
+def der(path: str | Path) -> bytes:
+    return keys.load_certificate(path).public_bytes(serialization.Encoding.DER)
 
 
 def model(doc: dict) -> Route:
@@ -120,30 +143,25 @@ def test_rotation_under_load_refuses_nothing_that_should_pass(tmp_path: Path, pk
                 while not stop.is_set():
                     which = "new" if use_new.is_set() else "old"
                     secured, pending = clients[which].secure(echo(which))
-                    resp = s.post(f"http://127.0.0.1:{gw.opts.http_port}/rot/demo", data=secured, timeout=10,
+                    resp = s.post(gw_url(gw, "/rot/demo"), data=secured, timeout=10,
                                   headers={"content-type": content_type("1.1")})  # fmt: skip
                     if resp.status_code == 200:
                         clients[which].open(resp.content, pending)
                     statuses.append((which, resp.status_code))
-
-        def rewrite(doc: dict) -> None:
-            text = yaml.safe_dump({"routes": [doc]}, sort_keys=False).replace("BACKEND", gw.backend_addr)  # type: ignore[attr-defined]
-            (gw.opts.policies / "routes.yaml").write_text(text)
-            assert gw.reload_if_changed() is True
 
         threads = [threading.Thread(target=load) for _ in range(2)]
         for t in threads:
             t.start()
         try:
             time.sleep(0.5)
-            rewrite(step1)  # the new key beside the old: both taken
+            write_route(gw, step1)  # the new key beside the old: both taken
             time.sleep(0.5)
             use_new.set()  # clients read the new certificate (published) and move
             time.sleep(0.5)
             count = len(statuses)
             while len(statuses) < count + 2:  # requests sent after the move, before the old key goes
                 time.sleep(0.05)
-            rewrite(step2)  # the old key retired
+            write_route(gw, step2)  # the old key retired
             time.sleep(0.5)
         finally:
             stop.set()
@@ -151,6 +169,68 @@ def test_rotation_under_load_refuses_nothing_that_should_pass(tmp_path: Path, pk
                 t.join()
     assert statuses and all(code == 200 for _, code in statuses), [s for s in statuses if s[1] != 200]
     assert {"old", "new"} <= {which for which, _ in statuses}
+
+
+def published_signers(gw: object, path: str) -> list[tuple[str, bytes]]:
+    """(current|next, DER) for each signing certificate the route's ?wsdl publishes, in order."""
+    resp = requests.get(gw_url(gw, f"{path}?wsdl"), timeout=10)
+    assert resp.status_code == 200, resp.text
+    ports = etree.fromstring(resp.content).findall(f".//{{{ns.WSDL}}}port")
+    lists = [port.findall(f"{{{published_certificates.NS}}}SigningCertificates/{DS}KeyInfo") for port in ports]
+    assert ports and all(len(infos) == len(lists[0]) for infos in lists)  # in every port
+    infos = lists[0]
+    return [(i.findtext(f"{DS}KeyName"), base64.b64decode(i.findtext(f"{DS}X509Data/{DS}X509Certificate")))
+            for i in infos]  # fmt: skip
+
+
+def response_signer(reply: bytes) -> bytes:
+    """The certificate the gateway signed a response with: its BinarySecurityToken (DER)."""
+    token = etree.fromstring(reply).find(f".//{{{ns.WSSE}}}BinarySecurityToken")
+    return base64.b64decode(token.text)
+
+
+def test_new_signing_certificate_published_before_responses_switch(tmp_path: Path, pki: Path, new_signer: Path) -> None:
+    """docs/keys.md "The signing key": the next certificate is published (?wsdl, `wsgate certs published`) while
+    responses are still signed with the current one; the reload that makes it current switches signing."""
+    wsdl = {"file": str(REPO / "tests" / "wsdl" / "publish" / "echo.wsdl"), "publish": True}
+    common = {"name": "rot", "match": {"path_prefix": "/rot/service"}, "wsdl": wsdl}
+    old, new = (der(pki / "gateway-sign.pem"), der(f"{new_signer}.pem"))
+    steps = [
+        (route_doc(pki, "rsa", **common), [("current", old)], old),
+        (route_doc(pki, "rsa", rsa={"next_certificate": f"{new_signer}.pem"}, **common),
+         [("current", old), ("next", new)], old),
+        (route_doc(pki, "rsa", rsa={"key": f"{new_signer}.key", "certificate": f"{new_signer}.pem"}, **common),
+         [("current", new)], new),
+    ]  # fmt: skip
+    with running_gateway(tmp_path, [steps[0][0]], pki) as gw:
+        route = Route.model_validate({**steps[0][0], "upstream": {"address": gw.backend_addr}})  # type: ignore[attr-defined]
+        client = Client(route, ClientConfig(certs=pki))
+        for i, (doc, published, signer) in enumerate(steps):
+            if i:
+                write_route(gw, doc)
+            assert published_signers(gw, "/rot/service") == published
+            bundle = wsgate("certs", "published", gw.opts.policies, "--route", "rot")
+            assert bundle.returncode == 0, bundle.stderr
+            pems = x509.load_pem_x509_certificates(bundle.stdout.encode())
+            assert [c.public_bytes(serialization.Encoding.DER) for c in pems] == [d for _, d in published]
+            for _ in range(3):
+                secured, pending = client.secure(echo(f"step {i}"))
+                resp = requests.post(gw_url(gw, "/rot/service"), data=secured, timeout=10,
+                                     headers={"content-type": content_type("1.1")})  # fmt: skip
+                assert resp.status_code == 200, resp.text
+                assert response_signer(resp.content) == signer  # never the next one before the switch
+                client.open(resp.content, pending)  # verified against the CA: clients need nothing else
+
+
+def test_next_certificate_that_cannot_be_read_is_refused_by_the_policy_check(tmp_path: Path, pki: Path) -> None:
+    """No worker reads it, so the check does: a reload with it missing (or not a certificate) keeps the running
+    policies instead of publishing nothing."""
+    (tmp_path / "not-a-cert.pem").write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    for bad in (tmp_path / "missing.pem", tmp_path / "not-a-cert.pem"):
+        doc = route_doc(pki, "rsa", name="rot", rsa={"next_certificate": str(bad)}, upstream={"address": "127.0.0.1:1"})
+        policies = write_policies(tmp_path / f"policies-{bad.stem}", [doc])
+        done = wsgate("check", policies)
+        assert done.returncode == 1 and "rsa.next_certificate" in done.stdout + done.stderr, done
 
 
 # ---------------------------------------------------------------------------------------------------------

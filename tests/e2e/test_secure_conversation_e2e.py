@@ -15,7 +15,7 @@ from filters.engine.wss import secure_conversation as sc
 from filters.engine.xml.threat_protection import parse_envelope
 from gateway.tools.client import Client, ClientError, Post, http_post
 from tests.support.harness import GatewayFactory, LiveGateway
-from tests.support.wss_helpers import DEMO, echo, route_doc
+from tests.support.wss_helpers import DEMO, Keys, echo, route_doc
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +41,15 @@ def call(client: Client, post, text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gw(module_gateway: GatewayFactory, pki: Path, redis_url: str) -> LiveGateway:
+def gw(module_gateway: GatewayFactory, pki: Path, redis_url: str, gateway_keys: Keys) -> LiveGateway:
+    """The gateway's keys in files, then in the token (each module-scoped gateway_keys param)."""
     routes = [
         sc_route(pki, "sealed", "sealed"),
         sc_route(pki, "memory", "memory", max_contexts=3),
         sc_route(pki, "redis", "redis", redis_url),
         sc_route(pki, "short", "sealed", lifetime_s=1),
     ]
-    return module_gateway(routes)
+    return module_gateway([gateway_keys(r) for r in routes])
 
 
 @pytest.mark.parametrize("version", ["1.3", "2005/02"])

@@ -13,7 +13,7 @@ import requests
 
 from gateway.tools.client import content_type
 from tests.support.harness import GatewayFactory, LiveGateway, fault_code
-from tests.support.wss_helpers import echo, route_doc
+from tests.support.wss_helpers import Keys, echo, route_doc
 from tests.threats.test_username_capture import PARTS, captured, clear_token, rebound
 from tests.unit.test_wssecurity import ENCRYPTED_DATA, ENCRYPTED_KEY, PASSWORDS
 
@@ -24,13 +24,14 @@ def users_doc(pki: Path, name: str, **ut: object) -> dict:
 
 
 @pytest.fixture(scope="module")
-def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+def gw(module_gateway: GatewayFactory, pki: Path, gateway_keys: Keys) -> LiveGateway:
+    """The gateway's keys in files, then in the token (each module-scoped gateway_keys param)."""
     routes = [
         users_doc(pki, "username", protection="encrypted"),
         users_doc(pki, "username-tls", protection="tls"),
         users_doc(pki, "throttled", protection="encrypted", max_failures=3, failure_window_s=3),
     ]
-    return module_gateway(routes, workers=2)
+    return module_gateway([gateway_keys(r) for r in routes], workers=2)
 
 
 @pytest.mark.parametrize("digest", [True, False], ids=["PasswordDigest", "PasswordText"])

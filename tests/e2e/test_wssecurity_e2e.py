@@ -16,14 +16,15 @@ import requests
 from filters.engine import faults
 from gateway.tools.client import ClientError, content_type
 from tests.support.harness import GatewayFactory, LiveGateway, fault_code
-from tests.support.wss_helpers import DEMO, echo, route_doc
+from tests.support.wss_helpers import DEMO, Keys, echo, route_doc
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def routes(pki: Path) -> list[dict]:
-    return [
+def routes(pki: Path, gateway_keys: Keys) -> list[dict]:
+    """The gateway's keys in files, then in the token (each module-scoped gateway_keys param)."""
+    docs = [
         route_doc(pki, "rsa", name="rsa", replay={"store": "auto"}),
         route_doc(
             pki,
@@ -41,6 +42,7 @@ def routes(pki: Path) -> list[dict]:
             username_token={"required": True, "users_file": str(pki / "users.yaml"), "protection": "encrypted"},
         ),
     ]
+    return [gateway_keys(d) for d in docs]
 
 
 @pytest.fixture(scope="module")

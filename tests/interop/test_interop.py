@@ -36,7 +36,7 @@ from filters.engine.profiles import SecuredPipeline
 from filters.stores.factory import RouteStores
 from gateway.policy import Route
 from tests.support.harness import GatewayFactory, LiveGateway
-from tests.support.wss_helpers import DEMO, client_for, echo, echo_response, make_route, route_doc
+from tests.support.wss_helpers import DEMO, Keys, client_for, echo, echo_response, make_route, route_doc
 
 try:
     import zeep
@@ -101,8 +101,9 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
-    return module_gateway(_routes(pki))
+def gw(module_gateway: GatewayFactory, pki: Path, gateway_keys: Keys) -> LiveGateway:
+    """The gateway, its keys in files, then in the token (each module-scoped gateway_keys param)."""
+    return module_gateway([gateway_keys(r) for r in _routes(pki)])
 
 
 def assert_plain_soap(body: bytes | str, text: str) -> etree._Element:
@@ -378,8 +379,8 @@ def predigest(stdout: str) -> list[etree._Element]:
 
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
-def test_xmlsec1_verifies_engine_signed_response(pki: Path, tmp_path: Path, version: str) -> None:
-    reply = engine_response(pki, make_route(pki, "rsa"), "signed by the gateway", version)
+def test_xmlsec1_verifies_engine_signed_response(pki: Path, gateway_keys: Keys, tmp_path: Path, version: str) -> None:
+    reply = engine_response(pki, make_route(pki, "rsa", gateway_keys), "signed by the gateway", version)
 
     done = xmlsec1_verify(reply, pki / "gateway-sign.pem", tmp_path, version)
 
@@ -483,8 +484,10 @@ def signxml_verify(document: bytes, cert: Path) -> list[Any]:
 
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
-def test_signxml_verifies_engine_signed_response(need_signxml: None, pki: Path, version: str) -> None:
-    reply = engine_response(pki, make_route(pki, "rsa"), "verified by signxml", version)
+def test_signxml_verifies_engine_signed_response(
+    need_signxml: None, pki: Path, gateway_keys: Keys, version: str
+) -> None:
+    reply = engine_response(pki, make_route(pki, "rsa", gateway_keys), "verified by signxml", version)
 
     results = signxml_verify(reply, pki / "gateway-sign.pem")
 

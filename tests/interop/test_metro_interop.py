@@ -15,6 +15,7 @@ secureconversation is the SecureConversationToken with derived keys, bootstrappe
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from filters.engine import ns
 from tests.support.harness import clear, received, running_gateway
 from tests.support.metro import Metro, MetroError
 from tests.support.recording_proxy import Exchange, RecordingProxy
-from tests.support.wss_helpers import DEMO, route_doc
+from tests.support.wss_helpers import DEMO, Keys, route_doc
 
 WSDL_FILE = Path(__file__).parents[1] / "wsdl" / "publish" / "echo.wsdl"
 SERVICE = "{urn:wsgate:demo:service}EchoService"
@@ -71,8 +72,13 @@ def metro(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Metro]:
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
-    with running_gateway(tmp_path_factory.mktemp("metro-gw"), _routes(pki), pki) as g:
+def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, gateway_keys: Keys) -> Iterator[Any]:
+    """The gateway's keys in files, then in the token (each module-scoped gateway_keys param)."""
+    routes = [gateway_keys(r) for r in _routes(pki)]
+    with running_gateway(tmp_path_factory.mktemp("metro-gw"), routes, pki) as g:
+        # Metro writes wsu:Created in whole seconds: a message from the gateway's first second would read as
+        # older than its replay store's epoch (MessageExpired, as it should).
+        time.sleep(1.0)
         yield g
 
 

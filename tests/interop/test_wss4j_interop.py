@@ -37,7 +37,7 @@ from tests.support.wss4j import (
     soap_ns,
     x509_sign,
 )
-from tests.support.wss_helpers import DEMO, route_doc
+from tests.support.wss_helpers import DEMO, Keys, route_doc
 
 VERSIONS = ["1.1", "1.2"]
 ACTION = "urn:wsgate:demo/echo"
@@ -72,8 +72,9 @@ def wss4j() -> Iterator[Wss4j]:
 
 
 @pytest.fixture(scope="module")
-def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
-    return module_gateway(_routes(pki))
+def gw(module_gateway: GatewayFactory, pki: Path, gateway_keys: Keys) -> LiveGateway:
+    """The gateway, its keys in files, then in the token (each module-scoped gateway_keys param)."""
+    return module_gateway([gateway_keys(r) for r in _routes(pki)])
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig
 
 DEMO = "urn:wsgate:demo"
+# Places the gateway's private keys in a route doc: as they are (files) or in a token (the `gateway_keys` fixture).
+Keys = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def route_doc(pki: Path, profile: str, name: str = "secured", **extra: Any) -> dict[str, Any]:
@@ -43,17 +46,21 @@ def route_doc(pki: Path, profile: str, name: str = "secured", **extra: Any) -> d
     return doc
 
 
+def with_token_keys(doc: dict[str, Any], token_dir: Path) -> dict[str, Any]:
+    """A route doc (route_doc's) with every private key of the gateway in the token `certs.hsm.init` made."""
+    return {**doc, "rsa": {**doc["rsa"], "key": hsm.uri(token_dir, "gateway-sign"),
+                           "decryption_key": hsm.uri(token_dir, "gateway-enc")},
+            "hmac": {**doc["hmac"], "decryption_key": hsm.uri(token_dir, "gateway-enc")}}  # fmt: skip
+
+
 def token_route(pki: Path, token_dir: Path, profile: str, name: str = "secured", **extra: object) -> dict:
     """route_doc with every private key in the token."""
-    doc = route_doc(pki, profile, name=name, **extra)
-    doc["rsa"] = {**doc["rsa"], "key": hsm.uri(token_dir, "gateway-sign"),
-                  "decryption_key": hsm.uri(token_dir, "gateway-enc")}  # fmt: skip
-    doc["hmac"] = {**doc["hmac"], "decryption_key": hsm.uri(token_dir, "gateway-enc")}
-    return doc
+    return with_token_keys(route_doc(pki, profile, name=name, **extra), token_dir)
 
 
-def make_route(pki: Path, profile: str, **extra: Any) -> Route:
-    doc = route_doc(pki, profile, **extra)
+def make_route(pki: Path, profile: str, keys: Keys = lambda doc: doc, **extra: Any) -> Route:
+    """route_doc as a Route; `keys` places the gateway's keys (the `gateway_keys` fixture: files or the token)."""
+    doc = keys(route_doc(pki, profile, **extra))
     doc["upstream"] = {"address": "127.0.0.1:1"}
     return Route.model_validate(doc)
 

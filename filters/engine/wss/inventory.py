@@ -1,7 +1,7 @@
 """Every key and certificate a route uses, for `wsgate keys list`, `wsgate check`'s expiry warnings and the
 metric wsgate_certificate_not_after_seconds{route,use}.
 
-Uses: `signing` (rsa.key and rsa.certificate), `decryption` (rsa/hmac.decryption_key; its certificate is the
+Uses: `signing` (rsa.key and rsa.certificate), `next_signing` (rsa.next_certificate), `decryption` (rsa/hmac.decryption_key; its certificate is the
 `.pem` beside a key file when it holds the same public key: the policy does not name it), `trust_anchor`,
 `intermediate`, `known_signer`, `hmac_keys` (hmac.keys_file), `master_keys` (secureconversation)."""
 
@@ -38,12 +38,13 @@ def _key(use: str, source: str, certificate: x509.Certificate | None, load: bool
         return Item(use, source, kind, "RSA", None, certificate)
     try:
         key = keys.load_private_key(source)
+        size = key.key_size  # a token key's public half: read from its token
     except (OSError, ValueError, faults.Fault) as exc:
         reason = exc.reason if isinstance(exc, faults.Fault) else f"{type(exc).__name__}: {exc}"
         return Item(use, source, kind, f"unavailable ({reason})", None, certificate)
     if certificate is None and kind == "file":
         certificate = _beside(Path(source), key)
-    return Item(use, source, kind, "RSA", key.key_size, certificate)
+    return Item(use, source, kind, "RSA", size, certificate)
 
 
 def _beside(path: Path, key: rsa.RSAPrivateKey) -> x509.Certificate | None:
@@ -90,6 +91,7 @@ def route_items(route: Route, load_keys: bool = True) -> list[Item]:
     x509_signer = route.profile in ("rsa", "secureconversation")
     if x509_signer:
         items.append(_key("signing", route.rsa.key, _certificate(route.rsa.certificate), load_keys))
+        items += _certificates("next_signing", [route.rsa.next_certificate] if route.rsa.next_certificate else [])
     if route.profile in ("rsa", "secureconversation", "hmac"):
         decryption = route.hmac.decryption_key if route.profile == "hmac" else route.rsa.decryption_key
         opts = route.hmac if route.profile == "hmac" else route.rsa

@@ -164,8 +164,15 @@ class _Module:
     _lock = threading.Lock()
 
     def __init__(self, path: str) -> None:
-        self.lib = pkcs11.lib(path)
+        self.path = path
+        self._lib: pkcs11.lib | None = None  # loaded when first used: C_Initialize fails while a token is down
         self.generation = 0
+
+    @property
+    def lib(self) -> pkcs11.lib:
+        if self._lib is None:
+            self._lib = pkcs11.lib(self.path)
+        return self._lib
 
     @classmethod
     def get(cls, path: str) -> _Module:
@@ -176,7 +183,10 @@ class _Module:
 
     def reinitialize(self) -> None:
         # C_Finalize + C_Initialize: the module forgets its sessions and rescans its slots (a token put back).
-        self.lib.reinitialize()
+        if self._lib is None:
+            self._lib = pkcs11.lib(self.path)  # the first C_Initialize failed: this is the first to succeed
+        else:
+            self._lib.reinitialize()
         self.generation += 1
 
 
@@ -209,6 +219,10 @@ class Pool:
             if key not in cls._all:
                 cls._all[key] = Pool(ref, size)
             return cls._all[key]
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
 
     def _open_session(self) -> _Session:
         if self._down_since is not None:
@@ -306,16 +320,35 @@ def _unavailable(ref: TokenRef, what: str) -> faults.Fault:
 
 class TokenKey(rsa.RSAPrivateKey):
     """An RSA private key that stays in its token: `sign` (PKCS#1 v1.5) and `decrypt` (OAEP, PKCS#1 v1.5) run
-    there; the public half is read once, when the key is loaded."""
+    there; the public half is read once, when the key is loaded, or, if the token is down then, when it is back:
+    a worker starts without its token and answers 503 until then."""
 
     def __init__(self, uri: str, pool_size: int = 1) -> None:
         self.ref = parse_uri(uri)
         self.pool = Pool.for_ref(self.ref, pool_size)
-        public = self._run("load", lambda key: (key[Attribute.MODULUS], key[Attribute.PUBLIC_EXPONENT]))
-        n, e = (int.from_bytes(v, "big") for v in public)
-        self._public = rsa.RSAPublicNumbers(e, n).public_key()
+        self._public: rsa.RSAPublicKey | None = None
+        self._expected: tuple[rsa.RSAPublicNumbers, str] | None = None
+        try:
+            self.public_key()
+        except faults.Fault:
+            if not self.pool.down:
+                raise  # the token answered: no such key (a policy error, refused at load)
+            # The pool logged the token unavailable; requests needing the key get its 503.
+
+    def expect(self, public: rsa.RSAPublicKey, mismatch: str) -> None:
+        """The key must be `public`'s (its certificate's): checked now, or once the token is back (a 500 fault
+        `mismatch` for every use until the policy is mended)."""
+        self._expected = (public.public_numbers(), mismatch)
+        if self._public is not None:
+            self._check()
+
+    def _check(self) -> None:
+        if self._expected and self._public and self._public.public_numbers() != self._expected[0]:
+            raise faults.server(self._expected[1])
 
     def _run(self, what: str, op: Callable[[pkcs11.PrivateKey], _T]) -> _T:
+        if what != "load":
+            self.public_key()  # read once (the token may have been down at load) and checked against expect()
         try:
             with self.pool.session() as entry:
                 return op(_find_key(entry, self.ref))
@@ -332,9 +365,14 @@ class TokenKey(rsa.RSAPrivateKey):
 
     @property
     def key_size(self) -> int:
-        return self._public.key_size
+        return self.public_key().key_size
 
     def public_key(self) -> rsa.RSAPublicKey:
+        if self._public is None:
+            public = self._run("load", lambda key: (key[Attribute.MODULUS], key[Attribute.PUBLIC_EXPONENT]))
+            n, e = (int.from_bytes(v, "big") for v in public)
+            self._public = rsa.RSAPublicNumbers(e, n).public_key()
+        self._check()
         return self._public
 
     def sign(
