@@ -466,6 +466,14 @@ def _assertion(st: _State, el: etree._Element) -> bool:
     return False
 
 
+def _assertion_reference(st: _State, el: etree._Element) -> bool:
+    """A SecurityTokenReference of its own in the header names the SAML assertion read before it (and, signed,
+    binds the message to that assertion: sender-vouches)."""
+    if st.out.assertion is None or not st.out.assertion.named_by(el):
+        raise faults.security("InvalidSecurity", "SecurityTokenReference names no SAML assertion read before it")
+    return False
+
+
 def _encrypted_assertion(st: _State, el: etree._Element) -> bool:
     """A SAML 2.0 EncryptedAssertion: opened as any EncryptedData (the same oracle rules: GCM, or CBC under a key
     from an EncryptedKey used once), the Assertion put in its place and read next."""
@@ -576,6 +584,7 @@ _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
     saml.ASSERTION2: _assertion,
     saml.ASSERTION1: _assertion,
     saml.ENCRYPTED_ASSERTION: _encrypted_assertion,
+    saml.STR: _assertion_reference,
     # A SecurityContextToken is read with the header (header_scts), when a DerivedKeyToken names it.
     **{ns.q(v.wsc, "SecurityContextToken"): (lambda st, el: False) for v in sc.VERSIONS},
     **{ns.q(v.wsc, "DerivedKeyToken"): _derived_key_token for v in sc.VERSIONS},
