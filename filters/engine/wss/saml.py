@@ -165,7 +165,7 @@ class Validator:
         out = {}
         for name, header in self.policy.attribute_headers.items():
             got = attributes.get(name)
-            if got is not None:
+            if got:  # no value, no header (never an empty one a backend might read as "no role")
                 encoded = ",".join(quote(v, safe=_HEADER_SAFE) for v in got)
                 out[header] = _bounded(encoded, self.policy.max_attribute_bytes, f"attribute {name[:80]!r}")
         return out
