@@ -33,6 +33,13 @@ BASE64 = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-soap-message-s
 # WS-Security names no token type for a pre-shared key: a wsse:Reference URI="#<key name>" with this ValueType
 # names one (WSS4J hands the name, without '#', and this type to its CallbackHandler as a SECRET_KEY lookup).
 PRE_SHARED_KEY = "urn:wsgate:ws-security:PreSharedKey"
+# SAML Token Profile 1.1: the assertion namespaces and how an STR names an assertion (by its ID, as text).
+SAML2 = "urn:oasis:names:tc:SAML:2.0:assertion"
+SAML1 = "urn:oasis:names:tc:SAML:1.0:assertion"
+SAML_ID = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLID"  # SAML 2.0
+SAML_ASSERTION_ID = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.0#SAMLAssertionID"  # SAML 1.1
+SAML_V2_TOKEN = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLV2.0"
+SAML_V11_TOKEN = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLV1.1"
 PASSWORD_TEXT = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordText"
 PASSWORD_DIGEST = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordDigest"
 

@@ -252,11 +252,13 @@ def filter_key_files(policies: PolicySet) -> list[str]:
 
 def _key_settings(route: Route) -> list[str]:
     """What the profile's pipeline loads (filters/engine/profiles.py), nothing the route only carries as a default."""
-    if route.profile not in ("hmac", "rsa", "secureconversation"):
+    if route.profile not in ("hmac", "rsa", "secureconversation", "saml"):
         return []  # no keys: `none` and `tls` never reach the filters, `xml` checks structure only
     sections: list[Any] = [route.username_token, route.hmac if route.profile == "hmac" else route.rsa]
     if route.profile == "secureconversation" and route.secureconversation.store == "sealed":
         sections.append(route.secureconversation)
+    if route.saml is not None:
+        sections.append(route.saml)
     return [v for section in sections for v in _strings(section.model_dump())]
 
 

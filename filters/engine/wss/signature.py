@@ -90,7 +90,11 @@ FORBIDDEN = {
 }
 _LOCAL_REF = re.compile(r"#([^\W\d][\w.\-]*)")
 # Every attribute some processor may treat as an id, in any namespace (wsu:Id, Id, ID, id, xml:id).
-_ID_ATTRIBUTES = etree.XPath("//@*[local-name()='Id' or local-name()='ID' or local-name()='id']")
+_ID_ATTRIBUTES = etree.XPath(
+    "//@*[local-name()='Id' or local-name()='ID' or local-name()='id' or local-name()='AssertionID']"
+)
+# A SAML assertion is named by its own id attribute (SAML Token Profile 1.1: a direct reference to it).
+SAML_ID_ATTRIBUTES = {ns.q(ns.SAML2, "Assertion"): "ID", ns.q(ns.SAML1, "Assertion"): "AssertionID"}
 
 PrivateKey = rsa.RSAPrivateKey | bytes
 
@@ -283,6 +287,9 @@ def _id_attribute(el: etree._Element, value: str) -> tuple[str, str | None]:
         return "Id", ns.WSU
     if el.get("Id") == value:
         return "Id", None
+    saml_id = SAML_ID_ATTRIBUTES.get(el.tag)
+    if saml_id is not None and el.get(saml_id) == value:
+        return saml_id, None
     raise faults.security("InvalidSecurity", f"#{value[:80]} is not a wsu:Id or Id attribute")
 
 
@@ -487,9 +494,15 @@ def _add_inclusive(parent: etree._Element, prefixes: list[str]) -> None:
     etree.SubElement(parent, INCLUSIVE_NAMESPACES, nsmap={"ec": ns.EXC_C14N}).set("PrefixList", " ".join(prefixes))
 
 
+def own_id(el: etree._Element) -> str | None:
+    """The id a reference names `el` by: its wsu:Id or Id, a SAML assertion's own ID (a wsu:Id added to an
+    assertion would break its issuer's signature)."""
+    return el.get(WSU_ID) or el.get("Id") or el.get(SAML_ID_ATTRIBUTES.get(el.tag, "Id"))
+
+
 def _ensure_id(el: etree._Element, fresh: Callable[[], str]) -> str:
     """The element's wsu:Id or Id, adding one when it has neither."""
-    existing = el.get(WSU_ID) or el.get("Id")
+    existing = own_id(el)
     if existing:
         return existing
     value = fresh()
