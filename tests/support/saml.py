@@ -34,8 +34,8 @@ def idp(pki: Path) -> Path:
     """The demo IdP's signing certificate (issued by the demo CA) and a rogue one, made once per PKI."""
     if not (pki / "saml-idp.pem").exists():
         ca = pki_mod.load_ca(pki)
-        pki_mod._write(pki, "saml-idp", pki_mod.issue(ca, "WSGate Demo SAML IdP"))
-        pki_mod._write(pki, "saml-rogue-idp", pki_mod.issue(pki_mod.make_ca("Rogue IdP CA"), "WSGate Demo SAML IdP"))
+        pki_mod.write(pki, "saml-idp", pki_mod.issue(ca, "WSGate Demo SAML IdP"))
+        pki_mod.write(pki, "saml-rogue-idp", pki_mod.issue(pki_mod.make_ca("Rogue IdP CA"), "WSGate Demo SAML IdP"))
     return pki
 
 
