@@ -35,6 +35,14 @@ BASE64 = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-soap-message-s
 PRE_SHARED_KEY = "urn:wsgate:ws-security:PreSharedKey"
 PASSWORD_TEXT = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordText"
 PASSWORD_DIGEST = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordDigest"
+# SAML 2.0 and the WS-Security SAML Token Profile 1.1.
+SAML2 = "urn:oasis:names:tc:SAML:2.0:assertion"
+SAML_V20_TOKEN = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLV2.0"
+SAML_ID = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLID"
+SAML2_SENDER_VOUCHES = "urn:oasis:names:tc:SAML:2.0:cm:sender-vouches"
+SAML2_BEARER = "urn:oasis:names:tc:SAML:2.0:cm:bearer"
+SAML2_HOLDER_OF_KEY = "urn:oasis:names:tc:SAML:2.0:cm:holder-of-key"
+XSI = "http://www.w3.org/2001/XMLSchema-instance"
 
 ALL = {
     "soap": SOAP11,

@@ -20,7 +20,7 @@ from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, store_resolver
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
-from filters.engine.wss import encryption, keys, signature, token, wssecurity
+from filters.engine.wss import encryption, keys, saml_issuer, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.keys import RevocationCheck
@@ -98,6 +98,7 @@ class SecuredPipeline(RoutePipeline):
             self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
         elif route.hmac.keys_file:
             self.credentials.psk = keys.load_hmac_keys(route.hmac.keys_file)
+        self.backend_issuer = saml_issuer.Issuer(route.backend_assertion) if route.backend_assertion else None
 
     def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
         route = self.route
@@ -120,6 +121,11 @@ class SecuredPipeline(RoutePipeline):
         header_blocks.enforce(env, verified.covers, route.unsigned_headers, headers)
         ex.security = verified
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
+        if self.backend_issuer is not None and route.backend_assertion is not None:
+            with metrics.stage(route, "assertion"):
+                out_headers |= saml_issuer.for_backend(
+                    env, self.backend_issuer, route.backend_assertion, verified, datetime.now(UTC)
+                )
         with metrics.stage(route, "serialize"):
             out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
         out.replay = verified.replay_keys
