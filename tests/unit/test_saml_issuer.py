@@ -15,7 +15,7 @@ from signxml import InvalidSignature, XMLVerifier
 
 from certs import hsm as hsm_mod
 from filters.engine import ns
-from filters.engine.wss import keys
+from filters.engine.wss import inventory, keys
 from filters.engine.wss.saml_issuer import AC_X509, NAMEID_X509, Identity, Issuer
 from filters.engine.wss.timestamp import format_datetime
 from gateway.policy import BackendAssertion, Route
@@ -98,3 +98,12 @@ def test_backend_assertion_without_a_verified_caller_refused_by_the_model(
     doc["upstream"] = {"address": "127.0.0.1:1"}
     with pytest.raises(ValidationError, match=error):
         Route.model_validate(doc)
+
+
+def test_expiring_saml_signing_certificate_is_in_the_inventory(pki: Path) -> None:
+    """`wsgate keys list`, `wsgate check` and the expiry metric see the issuing key's certificate."""
+    doc = route_doc(pki, "rsa", backend_assertion={"audience": "urn:b", "certificate": str(pki / "gateway-sign.pem"),
+                                                   "key": str(pki / "gateway-sign.key")})  # fmt: skip
+    doc["upstream"] = {"address": "127.0.0.1:1"}
+    items = [i for i in inventory.route_items(Route.model_validate(doc)) if i.use == "saml_signing"]
+    assert [(i.source, i.certificate is not None) for i in items] == [(str(pki / "gateway-sign.key"), True)]
