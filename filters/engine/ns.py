@@ -33,16 +33,15 @@ BASE64 = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-soap-message-s
 # WS-Security names no token type for a pre-shared key: a wsse:Reference URI="#<key name>" with this ValueType
 # names one (WSS4J hands the name, without '#', and this type to its CallbackHandler as a SECRET_KEY lookup).
 PRE_SHARED_KEY = "urn:wsgate:ws-security:PreSharedKey"
+# SAML Token Profile 1.1: the assertion namespaces and how an STR names an assertion (by its ID, as text).
+SAML2 = "urn:oasis:names:tc:SAML:2.0:assertion"
+SAML1 = "urn:oasis:names:tc:SAML:1.0:assertion"
+SAML_ID = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLID"  # SAML 2.0
+SAML_ASSERTION_ID = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.0#SAMLAssertionID"  # SAML 1.1
+SAML_V2_TOKEN = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLV2.0"
+SAML_V11_TOKEN = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLV1.1"
 PASSWORD_TEXT = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordText"
 PASSWORD_DIGEST = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-username-token-profile-1.0#PasswordDigest"
-# SAML 2.0 and the WS-Security SAML Token Profile 1.1.
-SAML2 = "urn:oasis:names:tc:SAML:2.0:assertion"
-SAML_V20_TOKEN = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLV2.0"
-SAML_ID = "http://docs.oasis-open.org/wss/oasis-wss-saml-token-profile-1.1#SAMLID"
-SAML2_SENDER_VOUCHES = "urn:oasis:names:tc:SAML:2.0:cm:sender-vouches"
-SAML2_BEARER = "urn:oasis:names:tc:SAML:2.0:cm:bearer"
-SAML2_HOLDER_OF_KEY = "urn:oasis:names:tc:SAML:2.0:cm:holder-of-key"
-XSI = "http://www.w3.org/2001/XMLSchema-instance"
 
 ALL = {
     "soap": SOAP11,
@@ -61,3 +60,10 @@ ALL = {
 def q(ns: str, local: str) -> str:
     """Clark notation, as lxml wants tags: {ns}local."""
     return f"{{{ns}}}{local}"
+
+
+# SAML 2.0 subject confirmation methods.
+SAML2_SENDER_VOUCHES = "urn:oasis:names:tc:SAML:2.0:cm:sender-vouches"
+SAML2_BEARER = "urn:oasis:names:tc:SAML:2.0:cm:bearer"
+SAML2_HOLDER_OF_KEY = "urn:oasis:names:tc:SAML:2.0:cm:holder-of-key"
+XSI = "http://www.w3.org/2001/XMLSchema-instance"

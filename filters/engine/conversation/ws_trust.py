@@ -119,7 +119,7 @@ def parse_rst(el: etree._Element) -> Rst:
     request_type = text_of(one(el, ns.q(wst, "RequestType"), invalid), invalid)
     token_type = at_most_one(el, ns.q(wst, "TokenType"), invalid)
     asked = None if token_type is None else text_of(token_type, invalid)
-    if asked == ns.SAML_V20_TOKEN and version is WSC_1_3 and request_type == version.issue:
+    if asked == ns.SAML_V2_TOKEN and version is WSC_1_3 and request_type == version.issue:
         return Rst(version, "issue", context, DEFAULT_KEY_BITS, None, None, _saml_request(el, invalid))
     if asked is not None and asked != version.sct_token_type:
         raise invalid(f"TokenType {asked[:120]!r} is not the {version.name} SCT")
@@ -295,7 +295,7 @@ def answer_saml_issue(
     rstr = sub(outer, ns.q(wst, "RequestSecurityTokenResponse"))
     if rst.context is not None:
         rstr.set("Context", rst.context)
-    sub(rstr, ns.q(wst, "TokenType"), ns.SAML_V20_TOKEN)
+    sub(rstr, ns.q(wst, "TokenType"), ns.SAML_V2_TOKEN)
     key_type = next(uri for uri, name in SAML_KEY_TYPES.items() if name == confirmation)
     sub(rstr, ns.q(wst, "KeyType"), key_type)
     sub(rstr, ns.q(wst, "RequestedSecurityToken")).append(assertion)
@@ -439,7 +439,7 @@ def build_saml_issue_rst(*, bearer: bool, applies_to: str | None = None) -> etre
     request, or bearer; for `applies_to` (None: the service's default audience)."""
     wst = WST_1_3
     el = etree.Element(ns.q(wst, "RequestSecurityToken"), nsmap={"wst": wst})
-    sub(el, ns.q(wst, "TokenType"), ns.SAML_V20_TOKEN)
+    sub(el, ns.q(wst, "TokenType"), ns.SAML_V2_TOKEN)
     sub(el, ns.q(wst, "RequestType"), f"{wst}/Issue")
     sub(el, ns.q(wst, "KeyType"), next(k for k, v in SAML_KEY_TYPES.items() if (v == "bearer") == bearer))
     if applies_to is not None:

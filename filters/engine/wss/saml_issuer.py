@@ -159,7 +159,7 @@ class Issuer:
 def saml_id_reference(assertion: etree._Element) -> etree._Element:
     """A wsse:SecurityTokenReference to an assertion by its ID (the SAML Token Profile's KeyIdentifier)."""
     ref = etree.Element(ns.q(ns.WSSE, "SecurityTokenReference"), nsmap={"wsse": ns.WSSE, "wsse11": ns.WSSE11})
-    ref.set(ns.q(ns.WSSE11, "TokenType"), ns.SAML_V20_TOKEN)
+    ref.set(ns.q(ns.WSSE11, "TokenType"), ns.SAML_V2_TOKEN)
     ident = etree.SubElement(ref, ns.q(ns.WSSE, "KeyIdentifier"), ValueType=ns.SAML_ID)
     ident.text = assertion.get("ID")
     return ref
