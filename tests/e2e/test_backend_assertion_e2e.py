@@ -104,13 +104,18 @@ def gw(module_gateway: GatewayFactory, pki: Path, backend: VerifyingBackend) -> 
     ])  # fmt: skip
 
 
-def call(gw: LiveGateway, name: str, **cfg: object) -> str:
+def call(gw: LiveGateway, name: str, version: str = "1.1", **cfg: object) -> str:
     client: Client = gw.client(name, **cfg)
     post = http_post(gw.url(name))
     if gw.route(name).profile == "secureconversation":
-        client.establish(post)
-    secured, pending = client.secure(echo("who am I"))
+        client.establish(post, version)
+    secured, pending = client.secure(echo("who am I", version))
     return client.open(post(secured, pending.content_type), pending).body.findtext(f".//{{{DEMO}}}text")
+
+
+def test_backend_verifies_the_identity_in_a_soap12_message(gw: LiveGateway) -> None:
+    assert call(gw, "rsa", "1.2") == CLIENT
+    assert call(gw, "sc", "1.2") == CLIENT
 
 
 @pytest.mark.parametrize(
