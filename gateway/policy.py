@@ -15,8 +15,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-Profile = Literal["none", "xml", "tls", "hmac", "rsa", "secureconversation"]
-XML_PROFILES = {"xml", "hmac", "rsa", "secureconversation"}
+Profile = Literal["none", "xml", "tls", "hmac", "rsa", "secureconversation", "saml"]
+XML_PROFILES = {"xml", "hmac", "rsa", "secureconversation", "saml"}
 SignedPart = Literal["body", "timestamp", "username_token", "addressing"]
 SignatureAlgorithm = Literal["rsa-sha256", "rsa-sha1", "hmac-sha256", "hmac-sha1"]
 DigestAlgorithm = Literal["sha256", "sha1"]
@@ -311,6 +311,53 @@ class SecureConversationOptions(Strict):
     master_keys_file: str = "certs/out/sct-master-keys.yaml"
 
 
+SubjectConfirmation = Literal["bearer", "sender-vouches", "holder-of-key"]
+
+
+class SamlIssuer(Strict):
+    """An identity provider whose assertions a `saml` route takes: its Issuer name, and either its signing
+    `certificates` (only these verify) or `trust_anchors` (a certificate the signature's KeyInfo carries must
+    chain to one; revocation as `rsa.revocation` says). A certificate in KeyInfo is never trusted for being there."""
+
+    name: str = Field(min_length=1, max_length=1024)
+    certificates: list[str] = []
+    trust_anchors: list[str] = []
+    intermediates: list[str] = []
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SamlIssuer:
+        if bool(self.certificates) == bool(self.trust_anchors):
+            raise ValueError("an issuer needs certificates or trust_anchors (one of them)")
+        return self
+
+
+ATTRIBUTE_HEADER = r"^x-wsgate-[a-z0-9][a-z0-9-]{0,117}$"  # the gateway's prefix: Envoy and the frame drop clients'
+
+
+class SamlPolicy(Strict):
+    """A `saml` route's assertions (SAML Token Profile 1.1, SAML 2.0 and 1.1; docs/saml.md). `confirmation`: the
+    subject confirmation methods taken; `attesting_certificates`: who may vouch (sender-vouches); `audiences`: one
+    of them must be named by every AudienceRestriction; `attribute_headers`: attribute Name -> header."""
+
+    issuers: Annotated[list[SamlIssuer], Field(min_length=1)]
+    confirmation: Annotated[list[SubjectConfirmation], Field(min_length=1)] = ["holder-of-key", "sender-vouches"]
+    attesting_certificates: list[str] = []
+    audiences: Annotated[list[str], Field(min_length=1)]
+    clock_skew_s: int = Field(default=60, ge=0, le=3600)
+    max_age_s: int = Field(default=3600, gt=0, le=7 * 86400)  # since IssueInstant
+    algorithms: list[Literal["rsa-sha256", "rsa-sha1"]] = ["rsa-sha256"]
+    digests: list[DigestAlgorithm] = ["sha256"]
+    versions: list[Literal["2.0", "1.1"]] = ["2.0", "1.1"]
+    attribute_headers: dict[str, Annotated[str, Field(pattern=ATTRIBUTE_HEADER)]] = {}
+    max_attribute_bytes: int = Field(default=1024, gt=0, le=8192)  # all values of one attribute, joined
+
+    @model_validator(mode="after")
+    def _vouchers(self) -> SamlPolicy:
+        if "sender-vouches" in self.confirmation and not self.attesting_certificates:
+            raise ValueError("sender-vouches needs attesting_certificates: who may vouch")
+        return self
+
+
 class WsdlPolicy(Strict):
     """The service's WSDL 1.1, a local file (its imports resolved from files in its directory only, never the
     network: filters/engine/xml/wsdl.py). `publish`: served at the route's path with `?wsdl` (docs/interop.md)."""
@@ -382,6 +429,7 @@ class Route(Strict):
     rsa: RsaOptions = RsaOptions()
     hmac: HmacOptions = HmacOptions()
     secureconversation: SecureConversationOptions = SecureConversationOptions()
+    saml: SamlPolicy | None = None  # the `saml` profile's assertions (its message signatures and keys: `rsa`)
     replay: ReplayPolicy = ReplayPolicy()
     optimizations: Optimizations = Optimizations()
     unsigned_headers: UnsignedHeaders = UnsignedHeaders()
@@ -411,6 +459,12 @@ class Route(Strict):
     @property
     def accepts_username_tokens(self) -> bool:
         return self.profile in ("hmac", "rsa", "secureconversation") and self.username_token.users_file is not None
+
+    @model_validator(mode="after")
+    def _saml_options(self) -> Route:
+        if (self.profile == "saml") != (self.saml is not None):
+            raise FieldError("saml", "the saml profile needs saml options, and saml options need the saml profile")
+        return self
 
     @model_validator(mode="after")
     def _schema_source(self) -> Route:

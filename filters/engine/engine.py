@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from filters.engine import faults, metrics
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
-from filters.engine.profiles import SecureConversationPipeline, SecuredPipeline, Stores
+from filters.engine.profiles import SamlPipeline, SecureConversationPipeline, SecuredPipeline, Stores
 from filters.engine.wss import inventory
 from filters.engine.xml.soap import version_from_content_type
 from gateway.policy import PolicySet, Route
@@ -25,6 +25,8 @@ def build_pipeline(route: Route, stores: Stores) -> RoutePipeline:
         return RoutePipeline(route)
     if route.profile == "secureconversation":
         return SecureConversationPipeline(route, stores)
+    if route.profile == "saml":
+        return SamlPipeline(route, stores)
     return SecuredPipeline(route, stores)
 
 

@@ -20,12 +20,12 @@ from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, store_resolver
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
-from filters.engine.wss import encryption, keys, saml_issuer, signature, token, wssecurity
+from filters.engine.wss import encryption, keys, saml, saml_issuer, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.keys import RevocationCheck
 from filters.engine.wss.optimizations import Optimizations
-from filters.engine.wss.replay import DeferredReplay, ReplayCache
+from filters.engine.wss.replay import DeferredReplay, ReplayCache, check_epoch, first_sight
 from filters.engine.wss.username_token import FailureThrottle, Users
 from filters.engine.xml import header_blocks
 from filters.engine.xml.soap import Envelope
@@ -123,8 +123,9 @@ class SecuredPipeline(RoutePipeline):
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
         if self.backend_issuer is not None and route.backend_assertion is not None:
             with metrics.stage(route, "assertion"):
+                attributes = route.saml.attribute_headers if route.saml else {}
                 out_headers |= saml_issuer.for_backend(
-                    env, self.backend_issuer, route.backend_assertion, verified, datetime.now(UTC)
+                    env, self.backend_issuer, route.backend_assertion, verified, datetime.now(UTC), attributes
                 )
         with metrics.stage(route, "serialize"):
             out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
@@ -305,6 +306,71 @@ class SecureConversationPipeline(SecuredPipeline):
             verified.context, self.route, encrypt=self.route.encryption.encrypt_response,
             optimizations=self.optimizations, algorithm=verified.signature_algorithm,
         )  # fmt: skip
+
+
+class SamlPipeline(SecuredPipeline):
+    """`saml`: the caller is who a trusted issuer's assertion says (filters/engine/wss/saml.py, docs/saml.md). The
+    message's X.509 signature is verified as on an `rsa` route, but its signer is allowed by the assertion's
+    subject confirmation (holder-of-key, sender-vouches), not by the route's trust anchors; those vouch only for
+    a party that signs a bearer assertion's message. Bearer assertions and OneTimeUse ones are used once."""
+
+    def __init__(self, route: Route, stores: Stores) -> None:
+        super().__init__(route, stores)
+        policy = route.saml
+        assert policy is not None  # the policy's _saml_options
+        if "bearer" in policy.confirmation:  # over TLS a bearer message needs no signature; one sent is checked
+            self.requirements = replace(self.requirements, signer=None)
+
+        def issuer_trust(anchors: list[str], intermediates: list[str]) -> keys.TrustStore:
+            found = keys.load_certificates(anchors)
+            between = keys.load_certificates(intermediates)
+            checker = stores.revocation(route, [*found, *between]) if route.rsa.revocation.mode != "off" else None
+            return keys.TrustStore(found, None, intermediates=between, revocation=checker)
+
+        self.validator = saml.validator(policy, issuer_trust)
+        self.credentials.saml = self.validator
+
+    def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
+        route = self.route
+        with metrics.stage(route, "parse"):
+            env = parse_envelope(body, route.limits)
+        ex.soap_version = env.version
+        security = wssecurity.find_security(env)
+        now = datetime.now(UTC)
+        with metrics.stage(route, "security_header"):
+            verified = wssecurity.process(env, self.requirements, self.credentials, now)
+            assertion = verified.assertion
+            if assertion is None or security is None:
+                raise faults.security("InvalidSecurity", "saml route: no SAML assertion")
+            # x-forwarded-proto is Envoy's own (the client's is dropped: gateway/control/envoy_config.py).
+            tls = headers.get("x-forwarded-proto") == "https"
+            method = self.validator.confirm(assertion, verified.signer_certificate, verified.signed, security, tls,
+                                            lambda cert: self._trusted(cert, now))  # fmt: skip
+            if method == "bearer" or assertion.one_time_use:
+                self._use_once(assertion, verified, now)
+        check_structure(env.root)
+        out = self.deliver(env, verified, assertion.subject, headers, ex)
+        out.set_headers.update(assertion.headers)
+        return out
+
+    def _trusted(self, cert: x509.Certificate, now: datetime) -> bool:
+        trust = self.credentials.trust
+        try:
+            return trust is not None and bool(trust.validate(cert, [], now))
+        except faults.Fault:
+            return False
+
+    def _use_once(self, a: saml.Assertion, verified: wssecurity.Verified, now: datetime) -> None:
+        """Remember the assertion for as long as it is valid: a copy in any other message is a replay."""
+        skew = self.route.saml.clock_skew_s if self.route.saml else 0
+        ttl = max((a.not_on_or_after - now).total_seconds() + skew, 1.0)
+        replayed = faults.security("FailedAuthentication", "replay: SAML assertion used before")
+        store = self.credentials.replay
+        first_sight(store, saml.replay_key(a), ttl, replayed, verified.replay_keys)
+        if verified.replay_since_ms == 0:  # no signed Timestamp: the issuer's IssueInstant is the evidence
+            verified.replay_since_ms = int(a.issue_instant.timestamp() * 1000)
+            if store is not None and not isinstance(store, DeferredReplay):
+                check_epoch(verified.replay_since_ms, store.epoch_ms())
 
 
 def context_security(

@@ -210,7 +210,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     cfg = ClientConfig(
         certs=args.certs, key=args.key, certificate=args.cert, key_name=args.key_name, user=args.user,
         password=args.password, password_digest=not args.password_text, encrypt=args.encrypt,
-        sc_version=args.sc_version,
+        sc_version=args.sc_version, assertion=args.assertion,
     )  # fmt: skip
     try:
         client = Client(route, cfg)
@@ -409,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--encrypt", action=argparse.BooleanOptionalAction, default=None,
                         help="encrypt the Body (default: as the policy requires)")  # fmt: skip
     client.add_argument("--soap-action")
+    client.add_argument(
+        "--assertion", type=Path, help="saml routes: a signed SAML assertion file to send (docs/saml.md)"
+    )
     client.add_argument("--show-secured", action="store_true", help="print the secured request to stderr")
     client.add_argument("--timeout", type=float, default=30)
     client.add_argument("--repeat", type=int, default=1, help="send the request this many times")

@@ -237,12 +237,14 @@ def filter_key_files(policies: PolicySet) -> list[str]:
         if route.upstream.ca:
             raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: field upstream.ca: the "
                               "kubernetes target verifies upstreams against the system's CAs only")  # fmt: skip
-        if route.profile not in ("hmac", "rsa", "secureconversation"):
+        if route.profile not in ("hmac", "rsa", "secureconversation", "saml"):
             continue  # no keys: `none` and `tls` never reach the filters, `xml` checks structure only
         # What the profile's pipeline loads (filters/engine/profiles.py), nothing the route only carries as a default.
         sections: list[Any] = [route.username_token, route.hmac if route.profile == "hmac" else route.rsa]
         if route.profile == "secureconversation" and route.secureconversation.store == "sealed":
             sections.append(route.secureconversation)
+        if route.saml is not None:
+            sections.append(route.saml)
         for value in (v for section in sections for v in _strings(section.model_dump())):
             name = value.removeprefix(prefix)
             if value.endswith(KEY_FILE_SUFFIXES) and (name == value or "/" in name):

@@ -21,7 +21,7 @@ from filters.engine import faults, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.faults import content_type
 from filters.engine.profiles import context_security
-from filters.engine.wss import encryption, keys, signature, wssecurity
+from filters.engine.wss import encryption, keys, saml, signature, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.xml.soap import Envelope
@@ -49,6 +49,7 @@ class ClientConfig:
     encrypt: bool | None = None  # None: as the route requires
     timestamp_ttl_s: int = 300
     sc_version: str = "1.3"  # WS-SecureConversation version to ask for: "1.3" or "2005/02"
+    assertion: Path | None = None  # saml: a signed SAML assertion (a file) to send, as its confirmation says
 
     def path(self, name: str) -> Path:
         p = Path(name)
@@ -88,8 +89,10 @@ class Client:
     (an Issue RST signed like an `rsa` request); messages then use keys derived from the context."""
 
     def __init__(self, route: Route, cfg: ClientConfig | None = None) -> None:
-        if route.profile not in ("rsa", "hmac", "secureconversation"):
-            raise ValueError(f"route {route.name}: the client secures rsa, hmac and secureconversation routes")
+        if route.profile not in ("rsa", "hmac", "secureconversation", "saml"):
+            raise ValueError(f"route {route.name}: the client secures rsa, hmac, secureconversation and saml routes")
+        if (route.profile == "saml") != (cfg is not None and cfg.assertion is not None):
+            raise ValueError(f"route {route.name}: an assertion is sent to saml routes, and only there")
         self.route = route
         self.cfg = cfg = cfg or ClientConfig()
         self.private_key = keys.load_private_key(cfg.path(cfg.key))
@@ -164,13 +167,18 @@ class Client:
         if route.profile != "hmac":
             bst_id = sending.new_id("X509")
             sign = sending.SignWith(self.signer, lambda: keys.str_reference(bst_id, ns.X509V3), self.certificate)
+            tokens: tuple[etree._Element, ...] = ()
+            if cfg.assertion is not None:
+                assertion, sign = self._assertion(sign)
+                tokens = (assertion, saml_reference(assertion, sending.new_id("STR")))
             encrypt = None
             if self.encrypts or self.encrypts_user:
                 encrypt = sending.EncryptFor(algorithm, certificate=self._gateway_cert(), transport=transport)
             sending.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
                               encrypt=encrypt if self.encrypts else None, user=user, unique_ids=True,
                               encrypt_user=encrypt if self.encrypts_user else None,
-                              encrypt_signature=self.encrypts_signature)  # fmt: skip
+                              encrypt_signature=self.encrypts_signature, tokens=tokens[:1],
+                              signed_tokens=tokens[1:])  # fmt: skip
             return env.serialize(), pending
         if cfg.key_name:
             secret = self.psk.get(cfg.key_name)
@@ -201,6 +209,19 @@ class Client:
                               encrypt_signature=self.encrypts_signature)  # fmt: skip
         pending.secret, pending.encrypted_key_sha1 = secret, got.encrypted_key_sha1
         return env.serialize(), pending
+
+    def _assertion(self, sign: sending.SignWith) -> tuple[etree._Element, sending.SignWith]:
+        """The configured assertion (read afresh: it moves into each message) and how to sign beside it: with
+        the key it confirms (holder-of-key: KeyInfo names the assertion), else with our certificate (the sender
+        vouching, or a bearer message's signer)."""
+        assert self.cfg.assertion is not None
+        assertion = etree.fromstring(self.cfg.assertion.read_bytes(), _ASSERTION_PARSER)
+        if assertion.tag not in (saml.ASSERTION2, saml.ASSERTION1):
+            raise ClientError(f"{self.cfg.assertion}: not a SAML 2.0 or 1.1 assertion")
+        methods = [saml.METHODS.get(m) for m in _CONFIRMATION_METHODS(assertion)]
+        if methods and all(m == "holder-of-key" for m in methods):
+            return assertion, replace(sign, key_info=lambda: saml_reference(assertion, None), certificate=None)
+        return assertion, sign
 
     def _secure_in_context(self, env: Envelope, now: datetime) -> bytes:
         assert self.context is not None
@@ -296,6 +317,26 @@ class Client:
         if env.is_fault():
             raise ClientError(f"SOAP fault: {fault_text(env)}")
         return env
+
+
+# The user's own assertion file: no DTD, no entities, no network.
+_ASSERTION_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
+_CONFIRMATION_METHODS = etree.XPath(
+    "//*[local-name()='SubjectConfirmation']/@Method | //*[local-name()='ConfirmationMethod']/text()"
+)
+
+
+def saml_reference(assertion: etree._Element, str_id: str | None) -> etree._Element:
+    """A wsse:SecurityTokenReference naming `assertion` by its ID (SAML Token Profile 1.1, 3.4.2)."""
+    v2 = assertion.tag == saml.ASSERTION2
+    ref = etree.Element(ns.q(ns.WSSE, "SecurityTokenReference"), nsmap={"wsse": ns.WSSE, "wsse11": ns.WSSE11})
+    if str_id is not None:
+        ref.set(ns.q(ns.WSU, "Id"), str_id)
+    ref.set(ns.q(ns.WSSE11, "TokenType"), ns.SAML_V2_TOKEN if v2 else ns.SAML_V11_TOKEN)
+    ki = etree.SubElement(ref, ns.q(ns.WSSE, "KeyIdentifier"))
+    ki.set("ValueType", ns.SAML_ID if v2 else ns.SAML_ASSERTION_ID)
+    ki.text = assertion.get("ID" if v2 else "AssertionID")
+    return ref
 
 
 def fault_text(env: Envelope) -> str:

@@ -273,7 +273,7 @@ def make_bst(cert: x509.Certificate, id: str) -> etree._Element:
 # ---------------------------------------------------------------------------------------------------------
 # SecurityTokenReference
 
-KeyRefKind = Literal["reference", "ski", "thumbprint", "issuer_serial", "encrypted_key_sha1", "key_name"]
+KeyRefKind = Literal["reference", "ski", "thumbprint", "issuer_serial", "encrypted_key_sha1", "key_name", "saml_id"]
 
 
 @dataclass(frozen=True)
@@ -345,6 +345,8 @@ def parse_str(str_el: etree._Element) -> KeyRef:
         return KeyRef("reference", uri[1:], form.get("ValueType"))
     if form.tag == ns.q(ns.WSSE, "KeyIdentifier"):
         value_type = form.get("ValueType") or ""
+        if value_type in (ns.SAML_ID, ns.SAML_ASSERTION_ID):  # the assertion's ID itself, not base64
+            return KeyRef("saml_id", _text_only(form, "KeyIdentifier"), value_type)
         kind = _KEY_IDENTIFIERS.get(value_type)
         if kind is None:
             raise faults.security("SecurityTokenUnavailable", f"KeyIdentifier ValueType {value_type[:120]!r}")

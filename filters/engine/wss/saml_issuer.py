@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -21,7 +22,7 @@ from lxml import etree
 
 from filters.engine import faults, ns
 from filters.engine.wss import keys
-from filters.engine.wss.timestamp import format_datetime
+from filters.engine.wss.timestamp import format_datetime, parse_datetime
 from filters.engine.wss.wssecurity import ANONYMOUS, Verified
 from filters.engine.xml.soap import Envelope
 from gateway.policy import BackendAssertion, SamlIssuing
@@ -59,10 +60,13 @@ class Identity:
     attributes: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
-def identity_of(verified: Verified, now: datetime) -> Identity:
-    """The identity a request's Security header established: the context's bootstrap signer (authenticated when
-    the context was issued), the X.509 signer, the UsernameToken's user, a pre-shared key's name. An anonymous
-    request has none (the route model refuses the combination; this is the last line)."""
+def identity_of(verified: Verified, now: datetime, attribute_names: Collection[str] = ()) -> Identity:
+    """The identity a request's Security header established: a SAML assertion's subject (`saml` routes), the
+    context's bootstrap signer (authenticated when the context was issued), the X.509 signer, the UsernameToken's
+    user, a pre-shared key's name. An anonymous request has none (the route model refuses the combination; this
+    is the last line). `attribute_names`: the assertion attributes the route takes (saml.attribute_headers)."""
+    if verified.assertion is not None:
+        return _asserted(verified.assertion.element, verified.assertion.issue_instant, attribute_names)
     subject = verified.subject
     if subject is None or subject == ANONYMOUS:
         raise faults.server("no verified caller to vouch for in the backend's assertion")
@@ -73,6 +77,45 @@ def identity_of(verified: Verified, now: datetime) -> Identity:
     if verified.username is not None and subject == verified.username:
         return Identity(subject, NAMEID_UNSPECIFIED, AC_PASSWORD, now)
     return Identity(subject, NAMEID_UNSPECIFIED, AC_UNSPECIFIED, now)  # "key:<name>": a pre-shared key
+
+
+# Where a SAML 2.0 and a SAML 1.1 assertion say who, how, when and what: (NameID, its Format attribute, the
+# authentication method, the authentication instant attribute, Attribute, the attribute's name attribute).
+_SAML_PATHS = {
+    ns.SAML2: ("saml2:Subject/saml2:NameID", "Format", "saml2:AuthnStatement/saml2:AuthnContext/saml2:AuthnContextClassRef",
+               "saml2:AuthnStatement", "AuthnInstant", "saml2:AttributeStatement/saml2:Attribute", "Name"),
+    ns.SAML1: ("saml1:*/saml1:Subject/saml1:NameIdentifier", "Format", None, "saml1:AuthenticationStatement",
+               "AuthenticationInstant", "saml1:AttributeStatement/saml1:Attribute", "AttributeName"),
+}  # fmt: skip
+_PREFIXES = {"saml2": ns.SAML2, "saml1": ns.SAML1}
+
+
+def _asserted(el: etree._Element, issued: datetime, attribute_names: Collection[str]) -> Identity:
+    """The identity an assertion the route verified states, read from that very element: its subject and format,
+    the issuer's authentication method and instant (the assertion's IssueInstant when it has none), and the
+    attributes the route takes."""
+    name_path, format_attr, method_path, statement_path, instant_attr, attr_path, attr_name = _SAML_PATHS[
+        etree.QName(el).namespace
+    ]
+    name_id = el.find(name_path, _PREFIXES)
+    statement = el.find(statement_path, _PREFIXES)
+    if name_id is None or not (name_id.text or "").strip():
+        raise faults.server("the verified assertion has no subject to vouch for")
+    if method_path is not None:
+        method = el.findtext(method_path, namespaces=_PREFIXES)
+    else:
+        method = statement.get("AuthenticationMethod") if statement is not None else None
+    try:
+        instant = parse_datetime(statement.get(instant_attr, "")) if statement is not None else issued
+    except ValueError:
+        instant = issued
+    attributes = tuple(
+        (a.get(attr_name, ""), tuple((v.text or "").strip() for v in a if etree.QName(v).localname == "AttributeValue"))
+        for a in el.iterfind(attr_path, _PREFIXES)
+        if a.get(attr_name) in attribute_names
+    )
+    return Identity(name_id.text.strip(), name_id.get(format_attr) or NAMEID_UNSPECIFIED,
+                    (method or AC_UNSPECIFIED).strip(), instant, attributes)  # fmt: skip
 
 
 class Issuer:
@@ -170,7 +213,12 @@ _LOOKALIKES = {"Security", "Assertion", "EncryptedAssertion"}
 
 
 def for_backend(
-    env: Envelope, issuer: Issuer, policy: BackendAssertion, verified: Verified, now: datetime
+    env: Envelope,
+    issuer: Issuer,
+    policy: BackendAssertion,
+    verified: Verified,
+    now: datetime,
+    attribute_names: Collection[str] = (),
 ) -> dict[str, str]:
     """Put a fresh sender-vouches assertion of the verified caller into what the backend gets: a wsse:Security
     header block of `env`, or the HTTP header returned. The request is refused when its forwarded header blocks
@@ -181,7 +229,7 @@ def for_backend(
         for el in header.iter(etree.Element):
             if etree.QName(el).localname in _LOOKALIKES and el is not header:
                 raise faults.security("InvalidSecurity", f"a forwarded header holds {str(el.tag)[:120]}")
-    assertion = issuer.issue(identity_of(verified, now), audience=policy.audience, now=now)
+    assertion = issuer.issue(identity_of(verified, now, attribute_names), audience=policy.audience, now=now)
     if policy.placement == "http_header":
         return {policy.header: base64.b64encode(etree.tostring(assertion)).decode()}
     if header is None:

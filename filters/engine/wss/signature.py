@@ -90,7 +90,11 @@ FORBIDDEN = {
 }
 _LOCAL_REF = re.compile(r"#([^\W\d][\w.\-]*)")
 # Every attribute some processor may treat as an id, in any namespace (wsu:Id, Id, ID, id, xml:id).
-_ID_ATTRIBUTES = etree.XPath("//@*[local-name()='Id' or local-name()='ID' or local-name()='id']")
+_ID_ATTRIBUTES = etree.XPath(
+    "//@*[local-name()='Id' or local-name()='ID' or local-name()='id' or local-name()='AssertionID']"
+)
+# A SAML assertion is named by its own id attribute (SAML Token Profile 1.1: a direct reference to it).
+SAML_ID_ATTRIBUTES = {ns.q(ns.SAML2, "Assertion"): "ID", ns.q(ns.SAML1, "Assertion"): "AssertionID"}
 
 PrivateKey = rsa.RSAPrivateKey | bytes
 
@@ -283,6 +287,9 @@ def _id_attribute(el: etree._Element, value: str) -> tuple[str, str | None]:
         return "Id", ns.WSU
     if el.get("Id") == value:
         return "Id", None
+    saml_id = SAML_ID_ATTRIBUTES.get(el.tag)
+    if saml_id is not None and el.get(saml_id) == value:
+        return saml_id, None
     raise faults.security("InvalidSecurity", f"#{value[:80]} is not a wsu:Id or Id attribute")
 
 

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
 from filters.engine import faults, ns
-from filters.engine.wss import encryption, keys, signature, timestamp, username_token
+from filters.engine.wss import encryption, keys, saml, signature, timestamp, username_token
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss.optimizations import Optimizations
 from filters.engine.wss.replay import DeferredKey, DeferredReplay, ReplayCache, check_epoch, first_sight
@@ -84,6 +84,8 @@ class Credentials:
     optimizations: Optimizations | None = None  # the route's signature optimizations (None: xmlsec throughout)
     # WS-SecureConversation: resolves the SCT references of one message (now, the header's SCTs by wsu:Id).
     contexts: Callable[[datetime, Mapping[str, sc.Sct]], sc.SctResolver] | None = None
+    # `saml` routes: checks assertions; the assertion, not the trust store, says who may sign (saml.confirm).
+    saml: saml.Validator | None = None
 
 
 @dataclass
@@ -107,6 +109,7 @@ class Verified:
     replay_keys: list[DeferredKey] = field(default_factory=list)
     # Its freshness evidence (ms since the Unix epoch), to compare with the store's replay epoch (filters/engine/wss/replay.py).
     replay_since_ms: int = 0
+    assertion: saml.Assertion | None = None  # the header's one SAML assertion, verified (`saml` routes)
 
     def covers(self, el: etree._Element) -> bool:
         """Whether `el` or an ancestor of it was signed (by identity)."""
@@ -438,6 +441,11 @@ def _resolve_secret(st: _State, ref: keys.KeyRef) -> bytes | None:
 
 
 def _resolve_certificate(st: _State, ref: keys.KeyRef) -> x509.Certificate:
+    a = st.out.assertion
+    if ref.kind == "saml_id" or (ref.kind == "reference" and a is not None and ref.value == a.id):
+        if a is None or st.creds.saml is None or ref.value != a.id:
+            raise faults.security("SecurityTokenUnavailable", "reference names no SAML assertion read before it")
+        return st.creds.saml.holder_key(a)
     if ref.kind == "reference":
         cert = st.tokens.get(ref.value)
         if cert is None:
@@ -447,6 +455,47 @@ def _resolve_certificate(st: _State, ref: keys.KeyRef) -> x509.Certificate:
         if keys.matches(ref, cert):
             return cert
     raise faults.security("SecurityTokenUnavailable", f"no certificate matches the {ref.kind} reference")
+
+
+def _assertion(st: _State, el: etree._Element) -> bool:
+    if st.creds.saml is None:
+        raise faults.security("InvalidSecurity", "SAML assertion on a route that takes none")
+    if st.out.assertion is not None:
+        raise faults.security("InvalidSecurity", "more than one SAML assertion")
+    st.out.assertion = st.creds.saml.verify(el, st.env.root, st.now)
+    return False
+
+
+def _assertion_reference(st: _State, el: etree._Element) -> bool:
+    """A SecurityTokenReference of its own in the header names the SAML assertion read before it (and, signed,
+    binds the message to that assertion: sender-vouches)."""
+    if st.out.assertion is None or not st.out.assertion.named_by(el):
+        raise faults.security("InvalidSecurity", "SecurityTokenReference names no SAML assertion read before it")
+    return False
+
+
+def _encrypted_assertion(st: _State, el: etree._Element) -> bool:
+    """A SAML 2.0 EncryptedAssertion: opened as any EncryptedData (the same oracle rules: GCM, or CBC under a key
+    from an EncryptedKey used once), the Assertion put in its place and read next."""
+    if st.creds.saml is None:
+        raise faults.security("InvalidSecurity", "SAML assertion on a route that takes none")
+    parts = [c for c in el if isinstance(c.tag, str)]
+    if [c.tag for c in parts] != [ENCRYPTED_DATA] or parts[0].get("Type") != encryption.TYPE_ELEMENT:
+        raise faults.security("InvalidSecurity", "EncryptedAssertion must hold one EncryptedData of an element")
+    ed = parts[0]
+    if encryption.embedded_encrypted_key(ed) is None:
+        raise faults.security("InvalidSecurity", "EncryptedAssertion's key must be in its EncryptedData's KeyInfo")
+    secret = _data_key(st, ed)
+    algorithms = st.req.encryption.data_algorithms
+    if encryption.cbc_data(ed, algorithms):
+        _check_cbc(st, ed, secret)
+    landing = [n for n in encryption.decrypt_data(ed, secret, algorithms, st.req.limits) if isinstance(n.tag, str)]
+    if len(landing) != 1 or landing[0].tag != saml.ASSERTION2:
+        raise faults.security("InvalidSecurity", "EncryptedAssertion does not hold one saml:Assertion")
+    drop_comments(landing[0])
+    el.addnext(landing[0])
+    xmlsupport.remove(el, blank_tail=False)
+    return True
 
 
 def _signature(st: _State, sig: etree._Element) -> bool:
@@ -470,11 +519,13 @@ def _signature(st: _State, sig: etree._Element) -> bool:
         if st.req.signer == "symmetric":
             raise faults.security("InvalidSecurity", "X.509 signature on a route that requires a symmetric key")
         key = _resolve_certificate(st, ref)
-        if st.creds.trust is None:
+        if st.creds.saml is not None:  # the assertion says whether this signer may sign (saml.confirm)
+            st.out.signer_certificate = key
+        elif st.creds.trust is None:
             raise faults.security("FailedAuthentication", "no trust anchors for X.509 signatures")
-        # The certificate is trusted before its signature is worth checking.
-        st.out.subject = st.creds.trust.validate(key, [], st.now)
-        st.out.signer_certificate = key
+        else:  # The certificate is trusted before its signature is worth checking.
+            st.out.subject = st.creds.trust.validate(key, [], st.now)
+            st.out.signer_certificate = key
     verified = signature.verify(sig, st.env, key, st.req.signature, st.creds.optimizations)
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
     _first_sight(st, b"sig:" + verified.signature_value, _replay_ttl(st), replayed)
@@ -530,6 +581,10 @@ _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
     REFERENCE_LIST: _reference_list,
     SIGNATURE: _signature,
     ENCRYPTED_DATA: _encrypted_data,
+    saml.ASSERTION2: _assertion,
+    saml.ASSERTION1: _assertion,
+    saml.ENCRYPTED_ASSERTION: _encrypted_assertion,
+    saml.STR: _assertion_reference,
     # A SecurityContextToken is read with the header (header_scts), when a DerivedKeyToken names it.
     **{ns.q(v.wsc, "SecurityContextToken"): (lambda st, el: False) for v in sc.VERSIONS},
     **{ns.q(v.wsc, "DerivedKeyToken"): _derived_key_token for v in sc.VERSIONS},
@@ -544,8 +599,8 @@ def _check_requirements(st: _State) -> None:
         raise faults.security("InvalidSecurity", "required UsernameToken missing")
     if req.body_encrypted and not out.decrypted_body:
         raise faults.security("InvalidSecurity", "the Body was required to be encrypted")
-    if req.signer is None:
-        return
+    if req.signer is None and (st.signatures == 0 or st.creds.saml is None):
+        return  # a `saml` route's optional signature (bearer) is held to the parts like any other
     if st.signatures == 0:
         raise faults.security("InvalidSecurity", "required signature missing")
     parts = req.signature.parts

@@ -108,6 +108,7 @@ def secure(
     user: tuple[str, str, bool] | None = None,
     symmetric_binding: tuple[bytes, x509.Certificate, str] | None = None,
     tokens: tuple[etree._Element, ...] = (),
+    signed_tokens: tuple[etree._Element, ...] = (),
     unique_ids: bool = False,
     encrypt_user: EncryptFor | None = None,
     encrypt_signature: bool = False,
@@ -116,7 +117,8 @@ def secure(
 
     `symmetric_binding` = (secret, recipient certificate, transport): the client side of the WS-SecurityPolicy
     symmetric binding; the secret travels in an EncryptedKey that the signature and encryption refer to.
-    `tokens` (a SecurityContextToken, DerivedKeyTokens) go right after the Timestamp, in order.
+    `tokens` (a SecurityContextToken, DerivedKeyTokens) go right after the Timestamp, in order; then
+    `signed_tokens`, which the signature covers (the STR naming a SAML assertion).
     `unique_ids`: random ids (clients); otherwise per-message counters (the gateway: see _MessageIds).
     `encrypt_user`: the UsernameToken, once signed, is replaced by an EncryptedData (EncryptedSupportingTokens);
     give it the signing key (the binding's, or a pre-shared one) so the receiver can tie the two together.
@@ -139,6 +141,9 @@ def secure(
             to_sign.append(ts)
     for token in tokens:
         security.append(token)
+    for token in signed_tokens:
+        security.append(token)
+        to_sign.append(token)
     key_info: etree._Element | None = None
     if sign is not None and sign.key_info is not None:
         key_info = sign.key_info()
