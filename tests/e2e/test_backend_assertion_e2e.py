@@ -18,6 +18,7 @@ from signxml import XMLVerifier
 from filters.engine import ns
 from filters.engine.wss.timestamp import parse_datetime
 from gateway.tools.client import Client, http_post
+from tests.support import saml as saml_support
 from tests.support.harness import GatewayFactory, LiveGateway, LoopbackHttp, envelope, fault_code
 from tests.support.wss_helpers import DEMO, echo, route_doc
 
@@ -34,6 +35,7 @@ class VerifyingBackend(LoopbackHttp):
     def __init__(self, certificate: str) -> None:
         self.certificate = certificate
         self.seen: list[str] = []
+        self.verified: list[etree._Element] = []  # the assertions that verified, as signxml returned them
         self.lock = threading.Lock()
         super().__init__()
 
@@ -71,6 +73,8 @@ class VerifyingBackend(LoopbackHttp):
         assert parse_datetime(conditions.get("NotBefore")) <= now < parse_datetime(conditions.get("NotOnOrAfter"))
         confirmation = signed.find("saml2:Subject/saml2:SubjectConfirmation", SAML)
         assert confirmation.get("Method") == ns.SAML2_SENDER_VOUCHES
+        with self.lock:
+            self.verified.append(signed)
         return signed.findtext("saml2:Subject/saml2:NameID", namespaces=SAML)
 
 
@@ -101,6 +105,7 @@ def gw(module_gateway: GatewayFactory, pki: Path, backend: VerifyingBackend) -> 
         route("hmac", "psk"),
         route("hmac", "username", username_token=users),
         route("secureconversation", "sc", secureconversation=sc),
+        {**saml_support.saml_doc(pki, name="saml", backend_assertion=vouch), "upstream": {"address": address}},
     ])  # fmt: skip
 
 
@@ -132,6 +137,31 @@ def test_backend_verifies_the_callers_identity_with_signxml(
     gw: LiveGateway, name: str, cfg: dict, subject: str
 ) -> None:
     assert call(gw, name, **cfg) == subject
+
+
+@pytest.mark.parametrize(("method", "signer"), [("sender-vouches", "client2"), ("holder-of-key", "client")])
+def test_saml_callers_identity_and_attributes_reach_the_backend_signed(
+    gw: LiveGateway, pki: Path, backend: VerifyingBackend, tmp_path: Path, method: str, signer: str
+) -> None:
+    """A SAML caller: the backend gets the verified assertion's subject, its issuer's authentication and the
+    route's attributes, vouched for by the gateway (not the IdP's assertion itself)."""
+    idp_assertion = saml_support.sign(saml_support.assertion_xml(pki, method=method, roles=("clerk", "auditor")), pki)
+    client = saml_support.client(gw.route("saml"), pki, saml_support.write(tmp_path, idp_assertion), signer)
+    post = http_post(gw.url("saml"))
+    secured, pending = client.secure(echo("who am I"))
+    assert client.open(post(secured, pending.content_type), pending).body.findtext(f".//{{{DEMO}}}text") == (
+        saml_support.SUBJECT
+    )
+    ours = backend.verified[-1]
+    name_id = ours.find("saml2:Subject/saml2:NameID", SAML)
+    assert name_id.get("Format") == "urn:oasis:names:tc:SAML:1.1:nameid-format:emailAddress"
+    assert ours.findtext("saml2:Issuer", namespaces=SAML) == "urn:wsgate:gateway"
+    method_used = ours.findtext("saml2:AuthnStatement/saml2:AuthnContext/saml2:AuthnContextClassRef", namespaces=SAML)
+    assert method_used == "urn:oasis:names:tc:SAML:2.0:ac:classes:Password"
+    values = ours.findall(
+        f"saml2:AttributeStatement/saml2:Attribute[@Name='{saml_support.ROLE}']/saml2:AttributeValue", SAML
+    )
+    assert [v.text for v in values] == ["clerk", "auditor"]
 
 
 def _forged_assertion(pki: Path) -> str:
