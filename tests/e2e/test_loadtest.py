@@ -100,6 +100,8 @@ def test_factory_messages_accepted_once(gw, pki: Path) -> None:
         ("xml-schema", "huge"),  # the 1 MB query result validated against gateway/demo.xsd
         ("xml-schema", "large"),
         ("secureconversation", "small"),
+        ("saml-sender-vouches", "small"),
+        ("saml-holder-of-key", "large"),
     ]:
         factory = Factory(profile, gw.opts.policies, certs=pki)
         path = f"/{PROFILES[profile].route}/demo"
