@@ -170,7 +170,9 @@ class Client:
             tokens: tuple[etree._Element, ...] = ()
             if cfg.assertion is not None:
                 assertion, sign = self._assertion(sign)
-                tokens = (assertion, saml_reference(assertion, sending.new_id("STR")))
+                tokens = (assertion,)
+                if assertion.tag != saml.ENCRYPTED_ASSERTION:  # whose ID we cannot read: carried, not named
+                    tokens += (saml_reference(assertion, sending.new_id("STR")),)
             encrypt = None
             if self.encrypts or self.encrypts_user:
                 encrypt = sending.EncryptFor(algorithm, certificate=self._gateway_cert(), transport=transport)
@@ -216,8 +218,8 @@ class Client:
         vouching, or a bearer message's signer)."""
         assert self.cfg.assertion is not None
         assertion = etree.fromstring(self.cfg.assertion.read_bytes(), _ASSERTION_PARSER)
-        if assertion.tag not in (saml.ASSERTION2, saml.ASSERTION1):
-            raise ClientError(f"{self.cfg.assertion}: not a SAML 2.0 or 1.1 assertion")
+        if assertion.tag not in (saml.ASSERTION2, saml.ASSERTION1, saml.ENCRYPTED_ASSERTION):
+            raise ClientError(f"{self.cfg.assertion}: not a SAML 2.0 or 1.1 assertion (or an EncryptedAssertion)")
         methods = [saml.METHODS.get(m) for m in _CONFIRMATION_METHODS(assertion)]
         if methods and all(m == "holder-of-key" for m in methods):
             return assertion, replace(sign, key_info=lambda: saml_reference(assertion, None), certificate=None)
