@@ -3,9 +3,8 @@ code), issuers known by trust anchors, SAML 1.1 and 2.0 from the same IdP, the c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import base64
+from pathlib import Path
 
 import pytest
 import xmlsec
