@@ -20,8 +20,9 @@ from filters.engine.faults import content_type
 from filters.engine.wss import keys
 from filters.engine.wss.timestamp import parse_datetime
 from gateway.tools.client import Client, ClientConfig, ClientError, http_post
+from tests.support import saml as saml_support
 from tests.support.harness import GatewayFactory, LiveGateway, fault_code
-from tests.support.wss_helpers import route_doc
+from tests.support.wss_helpers import DEMO, echo, route_doc
 
 SAML = {"saml2": ns.SAML2, "ds": ns.DS}
 CLIENT = "CN=Demo Client,O=WSGate Demo"
@@ -37,6 +38,10 @@ def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
                   saml_token_service={**sts, "confirmations": ["holder-of-key", "bearer"]}),
         route_doc(pki, "secureconversation", name="sts-hok", secureconversation=sc, saml_token_service=sts),
         route_doc(pki, "secureconversation", name="sct-only", secureconversation=sc),
+        # A service that takes the STS's assertions: the gateway's signing certificate is its issuer's.
+        route_doc(pki, "saml", name="service-a", saml={
+            "issuers": [{"name": "urn:wsgate:gateway", "certificates": [str(pki / "gateway-sign.pem")]}],
+            "confirmation": ["holder-of-key", "bearer"], "audiences": ["urn:service-a"]}),
     ])  # fmt: skip
 
 
@@ -112,3 +117,15 @@ def test_holder_of_key_for_another_key_refused(gw: LiveGateway) -> None:
     secured, _ = signer.secure(env.serialize())
     reply = requests.post(gw.url("sts"), data=secured, headers={"content-type": content_type("1.1")}, timeout=10)
     assert reply.status_code == 500 and fault_code(reply) == "InvalidRequest"
+
+
+@pytest.mark.parametrize("bearer", [False, True])
+def test_sts_assertion_used_on_a_saml_route(gw: LiveGateway, pki: Path, tmp_path: Path, bearer: bool) -> None:
+    """A client gets its token from the gateway's STS and calls a service that takes the STS as its issuer."""
+    assertion = gw.client("sts").request_saml(http_post(gw.url("sts")), bearer=bearer)
+    service = saml_support.client(gw.route("service-a"), pki, saml_support.write(tmp_path, assertion))
+    gw.clear()
+    secured, pending = service.secure(echo("with the STS's token"))
+    reply = service.open(http_post(gw.url("service-a"))(secured, pending.content_type), pending)
+    assert reply.body.findtext(f".//{{{DEMO}}}text") == "with the STS's token"
+    assert gw.received()[0]["headers"]["x-wsgate-subject"] == CLIENT
