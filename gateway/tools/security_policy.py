@@ -25,7 +25,7 @@ ADDRESSING_POLICY = {
 }
 UNRESOLVED = "{urn:wsgate:import}UnresolvedPolicyReference"
 
-PROFILE_STRENGTH = {"none": 0, "xml": 1, "tls": 2, "hmac": 3, "rsa": 4, "secureconversation": 4}
+PROFILE_STRENGTH = {"none": 0, "xml": 1, "tls": 2, "hmac": 3, "rsa": 4, "secureconversation": 4, "saml": 4}
 DEMO_USERS = "certs/out/users.yaml"
 
 # The suite's parts (WS-SecurityPolicy 1.2 section 6.1): digest, data encryption, key transport.
@@ -71,6 +71,8 @@ class _State:
     trust: str | None = None
     encrypt_first: bool = False  # EncryptBeforeSigning: CBC is taken as the gateway takes it (signed ciphertext)
     rsa_sha256: bool = False  # Metro's signatureAlgorithm="SHA256withRSA" on the AlgorithmSuite
+    saml: str | None = None  # a SamlToken/IssuedToken: its subject confirmation, as the token's place implies
+    saml_versions: list[str] = field(default_factory=list)
 
 
 def _sp(el: etree._Element) -> str | None:
@@ -117,7 +119,7 @@ def _map(defs: Definitions, alternative: list[etree._Element], output: list[etre
             _assertion(st, assertion, request=False)
     if not alternative and not output:
         st.notes.append("no WS-Policy attached: an `xml` route (well-formed, bounded XML; no WS-Security)")
-    elif st.profile == "xml" and not st.fatal:
+    elif st.profile == "xml" and not st.fatal and not st.saml:
         st.notes.append("no security binding (Transport, Asymmetric, Symmetric) in the policy: an `xml` route")
         if st.username:
             st.unmapped.append("UsernameToken without a security binding: the gateway checks tokens only on "
@@ -182,6 +184,9 @@ def _transport(st: _State, el: etree._Element) -> None:
 def _x509(st: _State, holder: etree._Element, role: str) -> bool:
     """Whether the token assertion under InitiatorToken/RecipientToken/ProtectionToken is an X.509 token."""
     for token in st.defs.nested(holder, st.notes):
+        if role == "InitiatorToken" and _saml_token(st, token):
+            st.saml = "holder-of-key"  # the message is signed with the key the assertion confirms
+            return True
         if _sp(token) == "X509Token":
             if role == "InitiatorToken" and (
                 token.get(f"{{{ns.SP12}}}IncludeToken") or token.get(f"{{{ns.SP11}}}IncludeToken") or ""
@@ -307,11 +312,75 @@ def _supporting(st: _State, el: etree._Element, kind: str) -> None:
                 st.password_types = ["digest"]
             if "NoPassword" in params:
                 st.unmapped.append(f"{kind}/UsernameToken NoPassword: the gateway checks passwords")
+        elif _saml_token(st, token):
+            if "Endorsing" in kind:
+                st.fatal.append(f"{kind}/{_name(token)}: the gateway takes holder-of-key assertions as the message "
+                                "signature's key (AsymmetricBinding InitiatorToken), not as a second signature")  # fmt: skip
+            st.saml = "sender-vouches" if "Signed" in kind else "bearer"
         elif name in ("AlgorithmSuite", "SignedParts", "EncryptedParts", "SignedElements", "EncryptedElements"):
             st.unmapped.append(f"{kind}/{name}: parts listed under a supporting token")
         else:
             # A caller the policy authenticates by another token would be let in without it: no route.
-            st.fatal.append(f"{kind}/{_name(token)}: the gateway takes UsernameTokens as supporting tokens only")
+            st.fatal.append(f"{kind}/{_name(token)}: the gateway takes UsernameTokens and SAML assertions as "
+                            "supporting tokens only")  # fmt: skip
+
+
+_SAML_VERSIONS = {"WssSamlV11Token10": "1.1", "WssSamlV11Token11": "1.1", "WssSamlV20Token11": "2.0"}
+_TOKEN_TYPES = {ns.SAML_V2_TOKEN: "2.0", ns.SAML_V11_TOKEN: "1.1",
+                "urn:oasis:names:tc:SAML:2.0:assertion": "2.0", "urn:oasis:names:tc:SAML:1.0:assertion": "1.1"}  # fmt: skip
+
+
+def _saml_token(st: _State, token: etree._Element) -> bool:
+    """Whether a token assertion is a SAML assertion (a SamlToken, or an IssuedToken whose template asks for
+    one); its versions noted. An IssuedToken of another type is not."""
+    name = _sp(token)
+    if name == "SamlToken":
+        versions = [_SAML_VERSIONS[n] for n in map(_sp, st.defs.nested(token, st.notes)) if n in _SAML_VERSIONS]
+    elif name == "IssuedToken":
+        template = next((c for c in token if _sp(c) == "RequestSecurityTokenTemplate"), None)
+        types = (
+            []
+            if template is None
+            else [(c.text or "").strip() for c in template if etree.QName(c).localname == "TokenType"]
+        )
+        if any(t not in _TOKEN_TYPES for t in types):
+            return False
+        versions = [_TOKEN_TYPES[t] for t in types]
+        st.notes.append("IssuedToken: its issuer (the STS) is not the assertion's Issuer name: set saml.issuers")
+    else:
+        return False
+    st.saml_versions = sorted({*st.saml_versions, *versions}) or ["2.0", "1.1"]
+    return True
+
+
+def _saml_route(st: _State, route: dict[str, object]) -> dict[str, object]:
+    """A route whose policy asks for a SAML assertion: the `saml` profile, or no route where the binding gives the
+    confirmation nothing to check (sender-vouches needs the attesting party's message signature)."""
+    method = st.saml
+    if method != "bearer" and st.binding != "AsymmetricBinding":
+        st.fatal.append(f"SamlToken ({method}) under {st.binding or 'no binding'}: the gateway checks sender-vouches "
+                        "and holder-of-key through an AsymmetricBinding's message signature")  # fmt: skip
+    if st.binding == "TransportBinding" or not st.binding:
+        route = {"timestamp": {"required": st.timestamp}}  # a saml route checks a Timestamp where there is one
+        st.unmapped = [u for u in st.unmapped if not u.startswith("TransportBinding/IncludeTimestamp")]
+        st.notes.append(
+            "bearer assertion: taken over TLS, or on a message signed by a party rsa.trust_anchors vouch for"
+        )
+    st.notes.append("saml.issuers and saml.audiences are placeholders: name the identity provider, its signing "
+                    "certificate and this service's audience (docs/saml.md)")  # fmt: skip
+    options: dict[str, object] = {
+        "issuers": [{"name": "urn:CHANGE-ME:issuer", "certificates": ["certs/out/saml-idp.pem"]}],
+        "confirmation": [method], "audiences": ["urn:CHANGE-ME:audience"], "versions": st.saml_versions,
+    }  # fmt: skip
+    if method == "sender-vouches":
+        options["attesting_certificates"] = ["certs/out/client.pem"]
+        st.notes.append(
+            "sender-vouches: saml.attesting_certificates lists who may vouch (a placeholder: the demo client)"
+        )
+    if route.get("profile") == "tls" and st.client_certificate:
+        st.unmapped.append("RequireClientCertificate with a SAML assertion: the assertion names the caller")
+    route = {k: v for k, v in route.items() if k not in ("profile", "tls")}
+    return {"profile": "saml", **route, "saml": options}
 
 
 def _algorithms(st: _State) -> tuple[list[str], list[str], dict[str, object]]:
@@ -363,6 +432,11 @@ def _algorithms(st: _State) -> tuple[list[str], list[str], dict[str, object]]:
 
 
 def _route(st: _State) -> dict[str, object]:
+    route = _security_route(st)
+    return _saml_route(st, route) if st.saml else route
+
+
+def _security_route(st: _State) -> dict[str, object]:
     route: dict[str, object] = {"profile": st.profile}
     if st.profile == "xml":
         return route

@@ -15,6 +15,7 @@ from filters.engine.engine import Exchange
 from filters.engine.profiles import SamlPipeline
 from filters.stores.factory import RouteStores
 from gateway.policy import Route
+from gateway.tools.wsdl_import import import_wsdl
 from tests.support import saml as S
 from tests.support.wss_helpers import echo, echo_response, route_doc
 
@@ -134,3 +135,27 @@ def test_a_message_without_an_assertion_is_refused(pki: Path) -> None:
     with pytest.raises(faults.Fault) as info:
         pipeline_for(route).request(data, {}, Exchange(route=route))
     assert info.value.code == "InvalidSecurity"
+
+
+def test_wsgate_import_maps_saml_tokens_to_the_saml_profile() -> None:
+    """SamlToken and IssuedToken ports become `saml` routes with the confirmation the token's place implies; a
+    confirmation the gateway could not check as the policy says gives no route, with the reason."""
+    path = Path(__file__).resolve().parents[1] / "wsdl" / "saml-policies.wsdl"
+    got = import_wsdl(path.read_bytes(), path, str(path))
+    routes = {r.route["name"]: r.route for r in got.routes}
+    confirmations = {
+        name: (r["profile"], r["saml"]["confirmation"], r["saml"]["versions"]) for name, r in routes.items()
+    }
+    assert confirmations == {
+        "bearerport": ("saml", ["bearer"], ["1.1"]),
+        "tlsbearerport": ("saml", ["bearer"], ["2.0"]),
+        "sendervouchesport": ("saml", ["sender-vouches"], ["1.1"]),
+        "holderofkeyport": ("saml", ["holder-of-key"], ["2.0"]),
+        "issuedtokenport": ("saml", ["holder-of-key"], ["2.0"]),
+    }
+    assert routes["sendervouchesport"]["saml"]["attesting_certificates"]
+    assert routes["holderofkeyport"]["signature"]["algorithms"] == ["rsa-sha256"]
+    for r in routes.values():
+        Route.model_validate(r)  # the policy model takes what the import writes
+    skipped = " ".join(got.notes)
+    assert "TlsSenderVouchesPort" in skipped and "TlsEndorsingPort" in skipped

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from urllib.parse import quote
 
 import xmlsec
 from cryptography import x509
@@ -46,7 +45,7 @@ _ANY_ID = etree.XPath(
     "//@*[(local-name()='Id' or local-name()='ID' or local-name()='id' or local-name()='AssertionID') and .=$v]"
 )
 # Header values: printable ASCII; anything else (control characters first: no header splitting) percent-encoded.
-_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in "%,")
+_HEADER_SAFE = frozenset(chr(c) for c in range(0x20, 0x7F)) - {"%", ","}
 
 
 def _s2(local: str) -> str:
@@ -165,8 +164,8 @@ class Validator:
         out = {}
         for name, header in self.policy.attribute_headers.items():
             got = attributes.get(name)
-            if got is not None:
-                encoded = ",".join(quote(v, safe=_HEADER_SAFE) for v in got)
+            if got:  # no value, no header (never an empty one a backend might read as "no role")
+                encoded = ",".join(_percent(v, _HEADER_SAFE) for v in got)
                 out[header] = _bounded(encoded, self.policy.max_attribute_bytes, f"attribute {name[:80]!r}")
         return out
 
@@ -450,7 +449,12 @@ def _instant(text: str | None, what: str) -> datetime:
 
 
 def _header_value(value: str, limit: int, what: str) -> str:
-    return _bounded(quote(value, safe=_HEADER_SAFE + ","), limit, what)
+    return _bounded(_percent(value, _HEADER_SAFE | {","}), limit, what)
+
+
+def _percent(value: str, keep: frozenset[str]) -> str:
+    """Percent-encoding (of the UTF-8 bytes) of every character not in `keep`."""
+    return "".join(c if c in keep else "".join(f"%{b:02X}" for b in c.encode()) for c in value)
 
 
 def _bounded(value: str, limit: int, what: str) -> str:

@@ -32,7 +32,7 @@ NAMEID_UNSPECIFIED = "urn:oasis:names:tc:SAML:1.1:nameid-format:unspecified"
 AC_X509 = "urn:oasis:names:tc:SAML:2.0:ac:classes:X509"
 AC_PASSWORD = "urn:oasis:names:tc:SAML:2.0:ac:classes:Password"
 AC_UNSPECIFIED = "urn:oasis:names:tc:SAML:2.0:ac:classes:unspecified"
-ATTRIBUTE_NAME_URI = "urn:oasis:names:tc:SAML:2.0:attrname-format:uri"
+ATTRIBUTE_NAME_FORMAT = "urn:oasis:names:tc:SAML:2.0:attrname-format:unspecified"  # 1.1 names are not URIs
 
 _EXC_C14N = "http://www.w3.org/2001/10/xml-exc-c14n#"
 _ENVELOPED = "http://www.w3.org/2000/09/xmldsig#enveloped-signature"
@@ -171,7 +171,7 @@ class Issuer:
         if identity.attributes:
             statement = etree.SubElement(root, _saml("AttributeStatement"))
             for name, values in identity.attributes:
-                attribute = etree.SubElement(statement, _saml("Attribute"), Name=name, NameFormat=ATTRIBUTE_NAME_URI)
+                attribute = etree.SubElement(statement, _saml("Attribute"), Name=name, NameFormat=ATTRIBUTE_NAME_FORMAT)
                 for value in values:
                     etree.SubElement(attribute, _saml("AttributeValue")).text = value
         self._sign(root, assertion_id)
