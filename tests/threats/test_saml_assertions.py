@@ -237,6 +237,27 @@ def test_sender_vouches_must_sign_the_assertion_reference(route: Route, pipeline
             "FailedAuthentication")  # fmt: skip
 
 
+def test_sender_vouches_signing_the_assertion_itself_gets_through(route: Route, pipeline: SamlPipeline,
+                                                                  pki: Path) -> None:  # fmt: skip
+    """The control for the moved-assertion threats: the attesting party's signature may cover the assertion by its
+    own ID (a direct reference) instead of the STR; then swapping in another assertion breaks that digest."""
+    env = parse_envelope(echo(), route.limits)
+    assertion = S.sign(S.assertion_xml(pki), pki)
+    key = signature.Signer(keys.load_private_key(str(pki / "client2.key")), "rsa-sha256", "sha256")
+    bst = sending.new_id("X509")
+    sign = sending.SignWith(key, lambda: keys.str_reference(bst, ns.X509V3),
+                            keys.load_certificate(str(pki / "client2.pem")))  # fmt: skip
+    sending.secure(env, S.now(), timestamp_ttl_s=300, sign=sign, unique_ids=True, signed_tokens=(assertion,))
+    data = env.serialize()
+    assert f'URI="#{assertion.get("ID")}"'.encode() in data
+    assert accepted(pipeline, data)["x-wsgate-subject"] == S.SUBJECT
+    other = S.sign(S.assertion_xml(pki, subject="admin@example.org", assertion_id=assertion.get("ID")), pki)
+    root = etree.fromstring(data)
+    held = next(root.iter(ns.q(ns.SAML2, "Assertion")))
+    held.getparent().replace(held, other)
+    refused(pipeline, etree.tostring(root), "FailedCheck")
+
+
 def test_holder_of_key_assertion_beside_another_certificate_is_refused(route: Route, pipeline: SamlPipeline,
                                                                        pki: Path) -> None:  # fmt: skip
     """The message signed with the sender's own certificate (a BinarySecurityToken) next to a holder-of-key

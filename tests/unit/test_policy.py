@@ -43,7 +43,7 @@ def test_good_policy_loads_with_defaults(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "field"),
     [
-        (GOOD.replace("profile: xml", "profile: saml"), "field profile"),
+        (GOOD.replace("profile: xml", "profile: kerberos"), "field profile"),
         (GOOD.replace('"127.0.0.1:9000"', '"no-port"'), "field upstream.address"),
         (GOOD.replace("/orders/", "orders"), "field match.path_prefix"),
         (GOOD + "    limits: {max_depth: 1000}\n", "field limits.max_depth"),
@@ -98,7 +98,7 @@ def test_environment_default_is_used(tmp_path: Path) -> None:
 
 
 def test_wsgate_check_cli(tmp_path: Path) -> None:
-    bad = write(tmp_path, "orders.yaml", GOOD.replace("profile: xml", "profile: saml"))
+    bad = write(tmp_path, "orders.yaml", GOOD.replace("profile: xml", "profile: kerberos"))
     run = subprocess.run(
         [sys.executable, "-m", "gateway.control.cli", "check", str(bad)], capture_output=True, text=True
     )

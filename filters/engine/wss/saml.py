@@ -123,7 +123,7 @@ class Validator:
         if issuer is None:
             raise refused(f"issuer {(issuer_name or '')[:120]!r} is not trusted on this route")
         _check_signature(el, assertion_id, id_attr, root, issuer, self.policy, now)
-        fields = read(el, self.policy)
+        fields = read(el)
         self._check_time(fields, now)
         confirmations = tuple(
             (method, cert) for method, cert in fields.confirmations if method in self.policy.confirmation
@@ -304,7 +304,7 @@ _ALLOWED2 = {SIGNATURE, *(_s2(n) for n in ("Issuer", "Subject", "Conditions", "A
                                              "AttributeStatement", "AuthzDecisionStatement"))}  # fmt: skip
 
 
-def _read2(el: etree._Element, policy: SamlPolicy) -> _Fields:
+def _read2(el: etree._Element) -> _Fields:
     if el.get("Version") != "2.0":
         raise invalid("Version is not 2.0")
     # Advice, Statement extensions and anything else: refused, never skipped (a place to hide a wrapped copy).
@@ -356,7 +356,7 @@ def _read2(el: etree._Element, policy: SamlPolicy) -> _Fields:
     )  # fmt: skip
 
 
-def _read1(el: etree._Element, policy: SamlPolicy) -> _Fields:
+def _read1(el: etree._Element) -> _Fields:
     if (el.get("MajorVersion"), el.get("MinorVersion")) != ("1", "1"):
         raise invalid("not SAML 1.1")
     statements = ("AuthenticationStatement", "AttributeStatement", "AuthorizationDecisionStatement")

@@ -494,9 +494,15 @@ def _add_inclusive(parent: etree._Element, prefixes: list[str]) -> None:
     etree.SubElement(parent, INCLUSIVE_NAMESPACES, nsmap={"ec": ns.EXC_C14N}).set("PrefixList", " ".join(prefixes))
 
 
+def own_id(el: etree._Element) -> str | None:
+    """The id a reference names `el` by: its wsu:Id or Id, a SAML assertion's own ID (a wsu:Id added to an
+    assertion would break its issuer's signature)."""
+    return el.get(WSU_ID) or el.get("Id") or el.get(SAML_ID_ATTRIBUTES.get(el.tag, "Id"))
+
+
 def _ensure_id(el: etree._Element, fresh: Callable[[], str]) -> str:
     """The element's wsu:Id or Id, adding one when it has neither."""
-    existing = el.get(WSU_ID) or el.get("Id")
+    existing = own_id(el)
     if existing:
         return existing
     value = fresh()

@@ -203,7 +203,7 @@ def secure(
 
 def _ensure_wsu_ids(elements: list[etree._Element], ids: _MessageIds) -> None:
     for el in elements:
-        if el.get(WSU_ID) is None and el.get("Id") is None:
+        if signature.own_id(el) is None:
             el.set(WSU_ID, ids("id"))
 
 
