@@ -387,6 +387,36 @@ class SchemaValidation(Strict):
         return self.requests or self.responses
 
 
+class SamlIssuing(Strict):
+    """The gateway as a SAML 2.0 issuer (docs/saml.md): its name, the key that signs its assertions (a PEM file or a
+    pkcs11: URI), the audience they are for and how long they are valid."""
+
+    issuer: str = Field(default="urn:wsgate:gateway", min_length=1, max_length=1024)
+    key: PrivateKeyRef = "certs/out/gateway-sign.key"
+    certificate: str = "certs/out/gateway-sign.pem"
+    audience: str = Field(min_length=1, max_length=1024)
+    lifetime_s: int = Field(default=300, gt=0, le=3600)  # short: the assertion vouches for one exchange
+
+
+class BackendAssertion(SamlIssuing):
+    """A fresh assertion per request for the backend, sender-vouches by the gateway: who called (the verified
+    identity), how and when they were authenticated. In a wsse:Security header block of the message the backend
+    gets (`security_header`) or base64 in an HTTP header (`http_header`, named by `header`)."""
+
+    placement: Literal["security_header", "http_header"] = "security_header"
+    header: str = Field(default="x-wsgate-assertion", pattern=HEADER_NAME)
+
+
+class SamlTokenService(SamlIssuing):
+    """The route's WS-Trust 1.3 endpoint also issues SAML 2.0 assertions (TokenType ...#SAMLV2.0) to callers
+    whose Issue request is signed with a trusted certificate: bearer, or holder-of-key for that certificate.
+    `audience` is the default; a request's AppliesTo must name it or one of `other_audiences`."""
+
+    confirmations: Annotated[list[Literal["holder-of-key", "bearer"]], Field(min_length=1)] = ["holder-of-key"]
+    other_audiences: list[str] = []
+    lifetime_s: int = Field(default=3600, gt=0, le=8 * 3600)
+
+
 class Route(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
     match: Match
@@ -412,6 +442,8 @@ class Route(Strict):
     secure_faults: bool = True  # sign/encrypt backend faults like other responses
     wsdl: WsdlPolicy | None = None
     schema_validation: SchemaValidation = SchemaValidation()
+    backend_assertion: BackendAssertion | None = None  # a signed SAML assertion of the caller for the backend
+    saml_token_service: SamlTokenService | None = None  # secureconversation: the STS issues SAML 2.0 too
 
     @property
     def touches_xml(self) -> bool:
@@ -445,6 +477,19 @@ class Route(Strict):
             raise FieldError("schema_validation", "validation needs a schema: wsdl.file or xsd_files")
         if not self.touches_xml:
             raise FieldError("schema_validation", f"the {self.profile} profile does not read messages: no validation")
+        return self
+
+    @model_validator(mode="after")
+    def _saml_issuing(self) -> Route:
+        """Assertions vouch for a verified caller: the WS-Security profiles have one (tls: docs/saml.md); an
+        anonymous hmac caller has none."""
+        if self.backend_assertion is not None:
+            if not self.detects_replays:
+                raise FieldError("backend_assertion", f"the {self.profile} profile verifies no caller to vouch for")
+            if self.profile == "hmac" and self.hmac.allow_anonymous:
+                raise FieldError("backend_assertion", "an anonymous caller (hmac.allow_anonymous) has no identity")
+        if self.saml_token_service is not None and self.profile != "secureconversation":
+            raise FieldError("saml_token_service", "the WS-Trust endpoint is on secureconversation routes")
         return self
 
     @model_validator(mode="after")

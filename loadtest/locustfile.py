@@ -266,6 +266,14 @@ class UsernameUser(WsgateUser):
     profile = "username"
 
 
+class SamlSenderVouchesUser(WsgateUser):
+    profile = "saml-sender-vouches"
+
+
+class SamlHolderOfKeyUser(WsgateUser):
+    profile = "saml-holder-of-key"
+
+
 class SecureConversationUser(WsgateUser):
     """Messages in one WS-SecureConversation context per Locust process (established before the test)."""
 

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from lxml import etree
 
 from certs import pki
 from filters.engine import ns
+from filters.engine.wss import keys, saml_issuer
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.xml import xmlsupport
-from gateway.policy import PolicySet, Route, load_dir
+from gateway.policy import PolicySet, Route, SamlTokenService, load_dir
 from gateway.tools.client import Client, ClientConfig, ClientError, Pending, content_type, http_post
 
 DEMO_NS = "urn:wsgate:demo"
@@ -36,6 +39,8 @@ HUGE_COUNT = 3500  # query rows of ~290 bytes: a ~1 MB response
 HMAC_KEY_NAME = "demo-client"  # the demo PKI's pre-shared key (certs/out/hmac-keys.yaml)
 ENCRYPTED_KEY = "encrypted-key"  # hmac_key value: a fresh key per message in an EncryptedKey (symmetric binding)
 USER, PASSWORD = "bob", pki.DEMO_USERS["bob"]  # bob's password is kept in clear, so PasswordDigest works
+SAML_AUDIENCE = "urn:wsgate:bench"  # the saml routes' audience (loadtest/policies/bench.yaml)
+SAML_LIFETIME_S = 8 * 3600  # the longest run; the routes' max_age_s matches
 
 _PARSER = xmlsupport.parser(huge_tree=True)
 
@@ -50,6 +55,9 @@ class Profile:
     secured: bool = False  # WS-Security: gateway.tools.client.Client secures requests and opens replies
     username: bool = False  # with a UsernameToken
     context: bool = False  # WS-SecureConversation: messages in a context established first (Factory.establish)
+    # SAML: the messages carry an assertion with this confirmation (Factory.assertion_file), issued as the
+    # gateway's STS issues them (saml_token_service: its signing key; the bench route trusts its certificate).
+    saml: str | None = None
 
 
 PROFILES: dict[str, Profile] = {
@@ -64,6 +72,8 @@ PROFILES: dict[str, Profile] = {
         Profile("rsa-encrypted", "rsa-encrypted", secured=True),
         Profile("username", "username", secured=True, username=True),
         Profile("secureconversation", "sc", secured=True, context=True),
+        Profile("saml-sender-vouches", "saml-sv", secured=True, saml="sender-vouches"),
+        Profile("saml-holder-of-key", "saml-hok", secured=True, saml="holder-of-key"),
     )
 }
 
@@ -124,6 +134,27 @@ def _first_child(body: etree._Element | None) -> etree._Element | None:
     return next((c for c in body if isinstance(c.tag, str)), None)
 
 
+def assertion_file(confirmation: str, certs: Path) -> Path:
+    """A SAML 2.0 assertion for the demo client (holder-of-key for its certificate, or sender-vouches), as the
+    gateway's STS issues them: one per Factory, valid for the run, reused by every message as a client reuses
+    its token (the message signatures are what is new each time). Written to a file of its own."""
+    issuer = saml_issuer.Issuer(
+        SamlTokenService(audience=SAML_AUDIENCE, key=str(certs / "gateway-sign.key"),
+                         certificate=str(certs / "gateway-sign.pem"), lifetime_s=SAML_LIFETIME_S)
+    )  # fmt: skip
+    holder = keys.load_certificate(certs / "client.pem")
+    now = datetime.now(UTC)
+    identity = saml_issuer.Identity(holder.subject.rfc4514_string(), saml_issuer.NAMEID_X509, saml_issuer.AC_X509, now)
+    if confirmation == "holder-of-key":
+        assertion = issuer.issue(identity, audience=SAML_AUDIENCE, now=now, confirmation=ns.SAML2_HOLDER_OF_KEY,
+                                 holder=holder)  # fmt: skip
+    else:
+        assertion = issuer.issue(identity, audience=SAML_AUDIENCE, now=now)
+    path = Path(tempfile.mkdtemp(prefix="wsgate-saml-")) / "assertion.xml"
+    path.write_bytes(etree.tostring(assertion))
+    return path
+
+
 def default_policies() -> Path:
     return Path(os.environ.get("WSGATE_POLICIES", "policies"))
 
@@ -153,6 +184,8 @@ class Factory:
             cfg.key_name = None
         if self.profile.username:
             cfg.user, cfg.password = USER, PASSWORD
+        if self.profile.saml:
+            cfg.assertion = assertion_file(self.profile.saml, Path(certs))
         self.client = Client(route, cfg)
         self.client.context = context
 

@@ -60,3 +60,10 @@ ALL = {
 def q(ns: str, local: str) -> str:
     """Clark notation, as lxml wants tags: {ns}local."""
     return f"{{{ns}}}{local}"
+
+
+# SAML 2.0 subject confirmation methods.
+SAML2_SENDER_VOUCHES = "urn:oasis:names:tc:SAML:2.0:cm:sender-vouches"
+SAML2_BEARER = "urn:oasis:names:tc:SAML:2.0:cm:bearer"
+SAML2_HOLDER_OF_KEY = "urn:oasis:names:tc:SAML:2.0:cm:holder-of-key"
+XSI = "http://www.w3.org/2001/XMLSchema-instance"

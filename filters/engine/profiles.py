@@ -20,7 +20,7 @@ from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, store_resolver
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
-from filters.engine.wss import encryption, keys, saml, signature, token, wssecurity
+from filters.engine.wss import encryption, keys, saml, saml_issuer, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.keys import RevocationCheck
@@ -98,6 +98,7 @@ class SecuredPipeline(RoutePipeline):
             self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
         elif route.hmac.keys_file:
             self.credentials.psk = keys.load_hmac_keys(route.hmac.keys_file)
+        self.backend_issuer = saml_issuer.Issuer(route.backend_assertion) if route.backend_assertion else None
 
     def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
         route = self.route
@@ -120,6 +121,12 @@ class SecuredPipeline(RoutePipeline):
         header_blocks.enforce(env, verified.covers, route.unsigned_headers, headers)
         ex.security = verified
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
+        if self.backend_issuer is not None and route.backend_assertion is not None:
+            with metrics.stage(route, "assertion"):
+                attributes = route.saml.attribute_headers if route.saml else {}
+                out_headers |= saml_issuer.for_backend(
+                    env, self.backend_issuer, route.backend_assertion, verified, datetime.now(UTC), attributes
+                )
         with metrics.stage(route, "serialize"):
             out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
         out.replay = verified.replay_keys
@@ -209,6 +216,8 @@ class SecureConversationPipeline(SecuredPipeline):
         self.context_credentials = replace(
             self.credentials, contexts=lambda now, local: store_resolver(self.store, now, local)
         )
+        sts = route.saml_token_service
+        self.saml_issuer = saml_issuer.Issuer(sts) if sts else None
 
     def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
         route = self.route
@@ -242,6 +251,8 @@ class SecureConversationPipeline(SecuredPipeline):
         if rst.request_type == "issue":
             if verified.context is not None or verified.signer_certificate is None or verified.subject is None:
                 raise faults.security("InvalidSecurity", "an Issue request must be signed with an X.509 certificate")
+            if rst.saml is not None:
+                return self._answer_saml(rst, env, verified, headers, now)
             # Client entropy is only secret if nobody could read it on the way: encrypted Body or TLS (Envoy writes
             # x-forwarded-proto itself: the client's is dropped before routing, gateway/control/envoy_config.py).
             confidential = verified.decrypted_body or headers.get("x-forwarded-proto") == "https"
@@ -262,6 +273,28 @@ class SecureConversationPipeline(SecuredPipeline):
             rstr = ws_trust.answer_cancel(rst, self.store, verified.context, now)
             reply = ws_trust.envelope(env.version, rstr, action=rst.version.cancel_reply_action, relates_to=relates_to)
             sign, encrypt, tokens = self.response_security(verified)
+        with metrics.stage(route, "secure"):
+            self.secure(reply, now, sign, encrypt, tokens)
+        return Outcome(body=reply.serialize(), answer=True)
+
+    def _answer_saml(
+        self, rst: ws_trust.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime
+    ) -> Outcome:
+        """Issue a SAML 2.0 assertion (route.saml_token_service) to the X.509 signer of the request."""
+        route, policy = self.route, self.route.saml_token_service
+        if self.saml_issuer is None or policy is None:
+            raise sc.wst_fault(rst.version, "InvalidRequest", "RST: SAML 2.0 assertions are not issued on this route")
+        assert verified.signer_certificate is not None and verified.subject is not None
+        rstr, bearer = ws_trust.answer_saml_issue(
+            rst, self.saml_issuer, policy, verified.signer_certificate, verified.subject, now
+        )
+        reply = ws_trust.envelope(env.version, rstr, action=ws_trust.SAML_ISSUE_REPLY_ACTION,
+                                  relates_to=ws_trust.message_id(env))  # fmt: skip
+        sign, encrypt, tokens = self.response_security(verified)
+        if encrypt is None and bearer and headers.get("x-forwarded-proto") != "https":
+            # Whoever reads a bearer assertion can use it: outside TLS it travels encrypted to the requester.
+            algorithm = route.encryption.response_algorithm
+            encrypt = sending.EncryptFor(algorithm=algorithm, certificate=verified.signer_certificate)
         with metrics.stage(route, "secure"):
             self.secure(reply, now, sign, encrypt, tokens)
         return Outcome(body=reply.serialize(), answer=True)

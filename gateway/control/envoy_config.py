@@ -286,6 +286,7 @@ def _early_header_mutation(policies: PolicySet) -> dict[str, Any]:
         names |= {"forwarded", "x-real-ip"}
     for r in policies.routes:
         names |= {h for h in (r.identity_header, r.tls.subject_header) if h}
+        names |= {r.backend_assertion.header} if r.backend_assertion else set()
     mutations: list[dict[str, Any]] = [{"remove_on_match": {"key_matcher": {"prefix": p}}} for p in prefixes]
     # Names some backend could map onto another (x.wsgate.subject, as x_wsgate_subject: CGI variables): only
     # [a-z0-9-] passes (Envoy lowercases names; pseudo-headers start with `:`).

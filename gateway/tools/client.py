@@ -252,6 +252,16 @@ class Client:
         self.context = issued.context
         return issued.context
 
+    def request_saml(
+        self, post: Post, *, bearer: bool = False, applies_to: str | None = None, soap_version: str = "1.1"
+    ) -> etree._Element:
+        """Ask the gateway's STS (a secureconversation route with saml_token_service) for a SAML 2.0 assertion:
+        holder-of-key for our certificate, or bearer. The request is signed like an `rsa` request."""
+        rst = ws_trust.build_saml_issue_rst(bearer=bearer, applies_to=applies_to)
+        env = ws_trust.envelope(soap_version, rst, action=ws_trust.SAML_ISSUE_ACTION)
+        secured, pending = self._secure(env, datetime.now(UTC))
+        return ws_trust.read_saml_rstr(self.open(post(secured, content_type(soap_version)), pending).body[0])
+
     def cancel(self, post: Post, soap_version: str = "1.1") -> None:
         """End the context (Cancel RST signed with its keys)."""
         if self.context is None:

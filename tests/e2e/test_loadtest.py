@@ -101,6 +101,8 @@ def test_factory_messages_accepted_once(gw, pki: Path) -> None:
         ("xml-schema", "huge"),  # the 1 MB query result validated against gateway/demo.xsd
         ("xml-schema", "large"),
         ("secureconversation", "small"),
+        ("saml-sender-vouches", "small"),
+        ("saml-holder-of-key", "large"),
     ]:
         factory = Factory(profile, gw.opts.policies, certs=pki)
         path = f"/{PROFILES[profile].route}/demo"
@@ -131,8 +133,10 @@ def test_locust_every_user_class(gw, pki: Path, tmp_path: Path) -> None:
         "LOAD_USER_RPS": "20",
     }
     users = str(len(PROFILES))  # one user per class
+    # Locust's run time starts before the pools are made (a context established, every profile's client built):
+    # on a busy machine that alone can take seconds.
     argv = [str(LOCUST), "-f", str(REPO / "loadtest" / "locustfile.py"), "--headless", "--host",
-            f"http://127.0.0.1:{o.http_port}", "-u", users, "-r", users, "-t", "3s", "--csv", str(tmp_path / "l"),
+            f"http://127.0.0.1:{o.http_port}", "-u", users, "-r", users, "-t", "8s", "--csv", str(tmp_path / "l"),
             "--only-summary"]  # fmt: skip
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr

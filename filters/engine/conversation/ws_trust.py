@@ -20,6 +20,7 @@ from lxml import etree
 from filters.engine import faults, ns
 from filters.engine.conversation.contexts import ContextStore, random_identifier, unknown_context
 from filters.engine.wss import encryption
+from filters.engine.wss.saml_issuer import AC_X509, NAMEID_X509, Identity, Issuer, saml_id_reference
 from filters.engine.wss.secure_conversation import (
     BY_WST,
     DEFAULT_KEY_BITS,
@@ -30,6 +31,7 @@ from filters.engine.wss.secure_conversation import (
     MIN_KEY_BITS,
     WSC_1_3,
     Context,
+    Fail,
     Sct,
     SctRef,
     Version,
@@ -54,6 +56,7 @@ from filters.engine.wss.secure_conversation import (
 )
 from filters.engine.wss.timestamp import format_datetime, parse_datetime
 from filters.engine.xml.soap import Envelope
+from gateway.policy import SamlTokenService
 
 # ---------------------------------------------------------------------------------------------------------
 # RequestSecurityToken (gateway side)
@@ -61,7 +64,7 @@ from filters.engine.xml.soap import Envelope
 
 @dataclass(frozen=True)
 class Rst:
-    """A parsed wst:RequestSecurityToken for an SCT."""
+    """A parsed wst:RequestSecurityToken for an SCT, or (WS-Trust 1.3, `saml` set) for a SAML 2.0 assertion."""
 
     version: Version
     request_type: Literal["issue", "cancel"]
@@ -69,6 +72,24 @@ class Rst:
     key_size_bits: int  # Issue: the KeySize asked for, DEFAULT_KEY_BITS when absent
     entropy: bytes | None = field(repr=False)  # Issue: the requestor's Entropy/BinarySecret
     cancel_target: SctRef | None  # Cancel
+    saml: SamlRequest | None = None  # Issue of a SAML 2.0 assertion
+
+
+@dataclass(frozen=True)
+class SamlRequest:
+    """What an Issue RST for a SAML 2.0 assertion asks: a confirmation (None: the route's first) and where the
+    token is to be used (wsp:AppliesTo's address, None when absent)."""
+
+    confirmation: Literal["holder-of-key", "bearer"] | None
+    applies_to: str | None
+
+
+# WS-Trust 1.3 (the SAML token type is issued with this version only: 2005/02 has no Bearer key type).
+WST_1_3 = WSC_1_3.wst
+SAML_KEY_TYPES = {f"{WST_1_3}/PublicKey": "holder-of-key", f"{WST_1_3}/Bearer": "bearer"}
+SAML_ISSUE_ACTION = f"{WST_1_3}/RST/Issue"
+SAML_ISSUE_REPLY_ACTION = f"{WST_1_3}/RSTRC/IssueFinal"
+MAX_APPLIES_TO = 1024
 
 
 def find_rst(env: Envelope) -> etree._Element | None:
@@ -97,8 +118,11 @@ def parse_rst(el: etree._Element) -> Rst:
         raise invalid(f"Context attribute of {len(context)} characters")
     request_type = text_of(one(el, ns.q(wst, "RequestType"), invalid), invalid)
     token_type = at_most_one(el, ns.q(wst, "TokenType"), invalid)
-    if token_type is not None and text_of(token_type, invalid) != version.sct_token_type:
-        raise invalid(f"TokenType {text_of(token_type, invalid)[:120]!r} is not the {version.name} SCT")
+    asked = None if token_type is None else text_of(token_type, invalid)
+    if asked == ns.SAML_V2_TOKEN and version is WSC_1_3 and request_type == version.issue:
+        return Rst(version, "issue", context, DEFAULT_KEY_BITS, None, None, _saml_request(el, invalid))
+    if asked is not None and asked != version.sct_token_type:
+        raise invalid(f"TokenType {asked[:120]!r} is not the {version.name} SCT")
     if request_type == version.renew:
         raise wsc_fault(version, "UnableToRenew", "RST Renew: the gateway does not renew contexts")
     if request_type == version.cancel:
@@ -140,6 +164,34 @@ def parse_rst(el: etree._Element) -> Rst:
         if not MIN_ENTROPY_BYTES <= len(entropy) <= MAX_ENTROPY_BYTES:
             raise invalid(f"Entropy of {len(entropy)} bytes")
     return Rst(version, "issue", context, bits, entropy, None)
+
+
+def _saml_request(el: etree._Element, invalid: Fail) -> SamlRequest:
+    """The SAML part of an Issue RST. Holder-of-key confirms the certificate the request is signed with: a
+    UseKey naming another key, proof of possession of which the gateway never saw, is refused."""
+    wst = WST_1_3
+    if at_most_one(el, ns.q(wst, "UseKey"), invalid) is not None:
+        raise invalid("UseKey: a holder-of-key assertion confirms the certificate that signed the request")
+    confirmation = None
+    key_type = at_most_one(el, ns.q(wst, "KeyType"), invalid)
+    if key_type is not None:
+        confirmation = SAML_KEY_TYPES.get(text_of(key_type, invalid))
+        if confirmation is None:
+            raise invalid(f"KeyType {text_of(key_type, invalid)[:120]!r} for a SAML 2.0 assertion")
+    applies_to = None
+    holder = at_most_one(el, ns.q(ns.WSP, "AppliesTo"), invalid) or at_most_one(
+        el, ns.q(ns.WSP_2004, "AppliesTo"), invalid
+    )
+    if holder is not None:
+        addresses = holder.findall("{*}EndpointReference/{*}Address")
+        if len(addresses) != 1 or {etree.QName(a).namespace for a in (addresses[0], addresses[0].getparent())} - {
+            *ns.ADDRESSING
+        }:
+            raise invalid("AppliesTo must hold one WS-Addressing EndpointReference")
+        applies_to = text_of(addresses[0], invalid).strip()
+        if not applies_to or len(applies_to) > MAX_APPLIES_TO:
+            raise invalid("AppliesTo address empty or too long")
+    return SamlRequest(confirmation, applies_to)
 
 
 @dataclass(frozen=True)
@@ -215,6 +267,48 @@ def _rstr(rst: Rst, ctx: Context, proof: etree._Element, server_entropy: bytes |
     sub(lifetime, ns.q(ns.WSU, "Expires"), format_datetime(ctx.expires))
     sub(rstr, ns.q(wst, "KeySize"), str(rst.key_size_bits))
     return outer
+
+
+def answer_saml_issue(
+    rst: Rst, issuer: Issuer, policy: SamlTokenService, requester: x509.Certificate, subject: str, now: datetime
+) -> tuple[etree._Element, bool]:
+    """The RSTR collection for an Issue RST of a SAML 2.0 assertion, to a requester the bootstrap authenticated
+    (its signature with `requester`, whose subject is `subject`): bearer, or holder-of-key for `requester`, for
+    the audience AppliesTo names (one the policy lists; the policy's own when absent). And whether it is a
+    bearer assertion (usable by whoever reads it)."""
+    if rst.saml is None:
+        raise ValueError("answer_saml_issue needs a SAML Issue RST")
+    confirmation = rst.saml.confirmation or policy.confirmations[0]
+    if confirmation not in policy.confirmations:
+        raise wst_fault(rst.version, "RequestFailed", f"SAML {confirmation} assertions are not issued here")
+    audience = rst.saml.applies_to or policy.audience
+    if audience not in (policy.audience, *policy.other_audiences):
+        raise wst_fault(rst.version, "RequestFailed", f"no SAML assertions for AppliesTo {audience[:120]!r}")
+    identity = Identity(subject, NAMEID_X509, AC_X509, now)
+    if confirmation == "holder-of-key":
+        assertion = issuer.issue(identity, audience=audience, now=now, confirmation=ns.SAML2_HOLDER_OF_KEY,
+                                 holder=requester)  # fmt: skip
+    else:
+        assertion = issuer.issue(identity, audience=audience, now=now, confirmation=ns.SAML2_BEARER)
+    wst = rst.version.wst
+    outer = etree.Element(ns.q(wst, "RequestSecurityTokenResponseCollection"), nsmap={"wst": wst, "wsu": ns.WSU})
+    rstr = sub(outer, ns.q(wst, "RequestSecurityTokenResponse"))
+    if rst.context is not None:
+        rstr.set("Context", rst.context)
+    sub(rstr, ns.q(wst, "TokenType"), ns.SAML_V2_TOKEN)
+    key_type = next(uri for uri, name in SAML_KEY_TYPES.items() if name == confirmation)
+    sub(rstr, ns.q(wst, "KeyType"), key_type)
+    sub(rstr, ns.q(wst, "RequestedSecurityToken")).append(assertion)
+    # The SAML Token Profile references an assertion by its ID, attached (in the same message) or not.
+    sub(rstr, ns.q(wst, "RequestedAttachedReference")).append(saml_id_reference(assertion))
+    sub(rstr, ns.q(wst, "RequestedUnattachedReference")).append(saml_id_reference(assertion))
+    lifetime = sub(rstr, ns.q(wst, "Lifetime"))
+    sub(lifetime, ns.q(ns.WSU, "Created"), format_datetime(now))
+    sub(lifetime, ns.q(ns.WSU, "Expires"), format_datetime(now + issuer.lifetime))
+    if rst.saml.applies_to:
+        endpoint = sub(sub(rstr, ns.q(ns.WSP_2004, "AppliesTo")), ns.q(ns.WSA, "EndpointReference"))
+        sub(endpoint, ns.q(ns.WSA, "Address"), audience)
+    return outer, confirmation == "bearer"
 
 
 def answer_cancel(
@@ -338,6 +432,30 @@ def read_rstr(
         raise invalid_token(f"unsupported proof token {str(proof[0].tag)[:120]}")
     ctx = Context(sct.identifier, secret, "", version, created, expires)
     return IssuedContext(ctx, copy.deepcopy(tokens[0]))
+
+
+def build_saml_issue_rst(*, bearer: bool, applies_to: str | None = None) -> etree._Element:
+    """An Issue RST (WS-Trust 1.3) for a SAML 2.0 assertion: holder-of-key for the certificate that signs the
+    request, or bearer; for `applies_to` (None: the service's default audience)."""
+    wst = WST_1_3
+    el = etree.Element(ns.q(wst, "RequestSecurityToken"), nsmap={"wst": wst})
+    sub(el, ns.q(wst, "TokenType"), ns.SAML_V2_TOKEN)
+    sub(el, ns.q(wst, "RequestType"), f"{wst}/Issue")
+    sub(el, ns.q(wst, "KeyType"), next(k for k, v in SAML_KEY_TYPES.items() if (v == "bearer") == bearer))
+    if applies_to is not None:
+        holder = etree.SubElement(el, ns.q(ns.WSP_2004, "AppliesTo"), nsmap={"wsp": ns.WSP_2004, "wsa": ns.WSA})
+        sub(sub(holder, ns.q(ns.WSA, "EndpointReference")), ns.q(ns.WSA, "Address"), applies_to)
+    return el
+
+
+def read_saml_rstr(el: etree._Element) -> etree._Element:
+    """The assertion of a SAML Issue RSTR collection (the caller verifies it: its signature is the issuer's)."""
+    _, rstr = _only_rstr(el)
+    holder = one(rstr, ns.q(WST_1_3, "RequestedSecurityToken"), invalid_token)
+    tokens = child_elements(holder)
+    if len(tokens) != 1 or tokens[0].tag != ns.q(ns.SAML2, "Assertion"):
+        raise invalid_token("RequestedSecurityToken does not hold one SAML 2.0 Assertion")
+    return copy.deepcopy(tokens[0])
 
 
 def build_cancel_rst(ctx: Context, *, context: str | None = None) -> etree._Element:

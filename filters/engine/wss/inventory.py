@@ -3,7 +3,8 @@ metric wsgate_certificate_not_after_seconds{route,use}.
 
 Uses: `signing` (rsa.key and rsa.certificate), `next_signing` (rsa.next_certificate), `decryption` (rsa/hmac.decryption_key; its certificate is the
 `.pem` beside a key file when it holds the same public key: the policy does not name it), `trust_anchor`,
-`intermediate`, `known_signer`, `hmac_keys` (hmac.keys_file), `master_keys` (secureconversation)."""
+`intermediate`, `known_signer`, `hmac_keys` (hmac.keys_file), `master_keys` (secureconversation), `saml_signing`
+(the key and certificate of backend_assertion and saml_token_service)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,8 @@ def route_items(route: Route, load_keys: bool = True) -> list[Item]:
         items.append(_secrets("hmac_keys", route.hmac.keys_file, "HMAC"))
     if route.profile == "secureconversation":
         items.append(_secrets("master_keys", route.secureconversation.master_keys_file, "AES-GCM"))
+    issuing = [p for p in (route.backend_assertion, route.saml_token_service) if p is not None]
+    items += [_key("saml_signing", p.key, _certificate(p.certificate), load_keys) for p in issuing]
     return items
 
 

@@ -30,7 +30,8 @@ import javax.xml.transform.stream.StreamSource;
  * (Service.create + a PAYLOAD Dispatch on "port" of "service"); only the client's own keys come from here, in
  * the client configuration Metro looks up as META-INF/wsit-client.xml (ClientConfig). Sends each of "payloads"
  * in turn on the one Dispatch (a SecureConversation context is established before the first and reused), then
- * closes it (Metro cancels its contexts then). "endpoint" overrides the WSDL's address (a recording proxy).
+ * closes it (Metro cancels its contexts then). "endpoint" overrides the WSDL's address (a recording proxy);
+ * "assertion" is the SAML assertion SamlHandler gives Metro.
  * Answers {"replies": [payload XML...]}.
  */
 final class Call {
@@ -44,6 +45,7 @@ final class Call {
         if (req.has("tls_trust")) { // the WSDL, its imports and the calls: all over HTTPS to the demo CA's gateway
             HttpsURLConnection.setDefaultSSLSocketFactory(sslContext().getSocketFactory());
         }
+        SamlHandler.assertion = req.has("assertion") ? req.get("assertion").getAsString() : null;
         Path dir = Files.createTempDirectory("metro-client");
         ClientConfig.write(dir, req);
         ClassLoader previous = Thread.currentThread().getContextClassLoader();

@@ -93,10 +93,18 @@ final class ClientConfig {
             }
             all.appendChild(trustStore);
         }
-        if (req.has("username")) {
+        if (req.has("username") || req.has("assertion")) {
             Element callbacks = config(doc, "CallbackHandlerConfiguration");
-            callbacks.appendChild(callback(doc, "usernameHandler", req.get("username").getAsString()));
-            callbacks.appendChild(callback(doc, "passwordHandler", req.get("password").getAsString()));
+            if (req.has("username")) {
+                callbacks.appendChild(callback(doc, "usernameHandler", req.get("username").getAsString()));
+                callbacks.appendChild(callback(doc, "passwordHandler", req.get("password").getAsString()));
+            }
+            if (req.has("assertion")) { // Metro asks SamlHandler for the assertion to send (SAMLCallback)
+                Element saml = doc.createElementNS(SC, "sc:CallbackHandler");
+                saml.setAttribute("name", "samlHandler");
+                saml.setAttribute("classname", SamlHandler.class.getName());
+                callbacks.appendChild(saml);
+            }
             all.appendChild(callbacks);
         }
         return policy;
