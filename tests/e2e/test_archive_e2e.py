@@ -6,63 +6,10 @@ gateway's signed reply and a refusal are archived beside it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
-import requests
-
-from tests.support.harness import LiveGateway
-from tests.support.wss_helpers import route_doc
-
-WSGATE = Path(sys.executable).parent / "wsgate"
-DEMO = "urn:wsgate:demo"
-
-
-def archived_route(pki: Path, name: str, archive: dict) -> dict:
-    keys = {"body_key_certificate": str(pki / "gateway-enc.pem"), "signing_key": str(pki / "gateway-sign.key"),
-            "signing_certificate": str(pki / "gateway-sign.pem"), "checkpoint_interval_s": 0.2}  # fmt: skip
-    return route_doc(pki, "rsa", name=name, archive={**keys, **archive})
-
-
-def with_message_id(message_id: str, text: str = "order 42") -> bytes:
-    return (
-        '<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"'
-        ' xmlns:wsa="http://www.w3.org/2005/08/addressing"><soap:Header>'
-        f"<wsa:MessageID>{message_id}</wsa:MessageID></soap:Header><soap:Body>"
-        f'<d:echo xmlns:d="{DEMO}"><d:text>{text}</d:text></d:echo></soap:Body></soap:Envelope>'
-    ).encode()
-
-
-def audit(gw: LiveGateway, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    got = subprocess.run([str(WSGATE), "audit", args[0], "--policies", str(gw.opts.policies), *args[1:]],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert not check or got.returncode == 0, got.stdout + got.stderr
-    return got
-
-
-def search(gw: LiveGateway, *args: str) -> list[dict]:
-    return [json.loads(line) for line in audit(gw, "search", *args).stdout.splitlines()]
-
-
-def wait_for(gw: LiveGateway, count: int, *args: str, timeout: float = 20) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = search(gw, *args)
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
-
-
-def metric(gw: LiveGateway, name: str, **labels: str) -> float:
-    total = 0.0
-    for url in gw.metrics_urls():
-        for line in requests.get(url, timeout=5).text.splitlines():
-            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+from tests.support.archive import archived_route, audit, search, wait_for, with_message_id
 
 
 def test_signed_request_archived_found_shown_and_reverified(gateway, pki: Path, tmp_path: Path) -> None:

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
+import requests
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from filters.engine.wss import keys
 from filters.stores.archive.postgres import PostgresStore
 from filters.stores.archive.record import SEARCH_FIELDS, Pending, Stored, checkpoint
 from filters.stores.archive.segments import SegmentStore
+from tests.support.harness import LiveGateway
 from tests.support.postgres import Postgres
+from tests.support.wss_helpers import route_doc
 
 
 def pending(pki: Path, n: int, route: str = "signed", identity: str = "CN=client") -> Pending:
@@ -87,3 +92,54 @@ class Tamper:
         assert self.pg is not None
         self.pg.query("UPDATE audit_streams SET seq = %s, hash = %s WHERE name = %s RETURNING 1", seq, rec.hash,
                       self.store.stream)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Through a running gateway
+
+WSGATE = Path(sys.executable).parent / "wsgate"
+DEMO = "urn:wsgate:demo"
+
+
+def archived_route(pki: Path, name: str, archive: dict) -> dict:
+    keys = {"body_key_certificate": str(pki / "gateway-enc.pem"), "signing_key": str(pki / "gateway-sign.key"),
+            "signing_certificate": str(pki / "gateway-sign.pem"), "checkpoint_interval_s": 0.2}  # fmt: skip
+    return route_doc(pki, "rsa", name=name, archive={**keys, **archive})
+
+
+def with_message_id(message_id: str, text: str = "order 42") -> bytes:
+    return (
+        '<soap:Envelope xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"'
+        ' xmlns:wsa="http://www.w3.org/2005/08/addressing"><soap:Header>'
+        f"<wsa:MessageID>{message_id}</wsa:MessageID></soap:Header><soap:Body>"
+        f'<d:echo xmlns:d="{DEMO}"><d:text>{text}</d:text></d:echo></soap:Body></soap:Envelope>'
+    ).encode()
+
+
+def audit(gw: LiveGateway, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    got = subprocess.run([str(WSGATE), "audit", args[0], "--policies", str(gw.opts.policies), *args[1:]],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert not check or got.returncode == 0, got.stdout + got.stderr
+    return got
+
+
+def search(gw: LiveGateway, *args: str) -> list[dict]:
+    return [json.loads(line) for line in audit(gw, "search", *args).stdout.splitlines()]
+
+
+def wait_for(gw: LiveGateway, count: int, *args: str, timeout: float = 20) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = search(gw, *args)
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def metric(gw: LiveGateway, name: str, **labels: str) -> float:
+    total = 0.0
+    for url in gw.metrics_urls():
+        for line in requests.get(url, timeout=5).text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
