@@ -232,7 +232,7 @@ def verify_chain(
         report.first_seq = seq if report.first_seq is None else report.first_seq
         report.last_seq, report.last_hash = seq, rec.hash
         expect = (seq + 1, rec.hash)
-    if head is not None and report.last_seq is not None and (report.last_seq, report.last_hash) != head:
+    if head is not None and (report.last_seq, report.last_hash) != head:
         return _broken(report, f"the stream's head is seq {head[0]}, the last record found is {report.last_seq}")
     for text in checkpoints:
         doc = checkpoint_valid(text, certificate)
