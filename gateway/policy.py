@@ -357,7 +357,9 @@ class ArchivePolicy(Strict):
 
     keep: Annotated[list[ArchiveKeep], Field(min_length=1)] = ["signed_requests"]
     store: Literal["segments", "postgres"] = "segments"
-    directory: str = "run/archive"  # segments: one directory per stream
+    # segments: one directory per stream here; every store: the writers' spools in <directory>/spool (what a killed
+    # worker had queued is archived by another: filters/stores/archive/spool.py)
+    directory: str = "run/archive"
     # postgres: a libpq DSN; the password from ${VAR} or PGPASSFILE, never written into the policy (kept secret).
     dsn: SecretStr | None = None
     stream: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")

@@ -13,11 +13,12 @@ import uuid
 from pathlib import Path
 
 import requests
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from filters.engine.wss import keys
 from filters.stores.archive.postgres import PostgresStore
-from filters.stores.archive.record import SEARCH_FIELDS, Pending, Stored, checkpoint
+from filters.stores.archive.record import SEARCH_FIELDS, Pending, Stored, checkpoint, public_key_der
 from filters.stores.archive.segments import SegmentStore
 from tests.support.harness import LiveGateway
 from tests.support.postgres import Postgres
@@ -29,9 +30,13 @@ def pending(pki: Path, n: int, route: str = "signed", identity: str = "CN=client
     assert isinstance(public, rsa.RSAPublicKey)
     body = f"<Envelope>order {n}</Envelope>".encode()
     return Pending(kind="request", verdict="accepted", route=route, profile="rsa", policy_hash="00" * 32,
-                   body=body, body_key=public, at=time.time(), identity=identity, message_id=f"urn:uuid:m{n}",
+                   body=body, body_key=public_key_der(public), at=time.time(), identity=identity, message_id=f"urn:uuid:m{n}",
                    request_id=f"req-{n}", size=len(body),
-                   chain=(keys.load_certificate(pki / "client.pem"), keys.load_certificate(pki / "ca.pem")))  # fmt: skip
+                   chain=tuple(der(pki / name) for name in ("client.pem", "ca.pem")))  # fmt: skip
+
+
+def der(path: Path) -> bytes:
+    return keys.load_certificate(path).public_bytes(serialization.Encoding.DER)
 
 
 def new_stream() -> str:

@@ -5,6 +5,9 @@ was accepted is lost when the database comes back; the database password and the
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,6 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from filters.stores.archive.segments import SegmentStore
+from filters.stores.archive.writer import Writer
+from gateway.policy import ArchivePolicy
 from tests.support.archive import archived_route, audit, metric, with_message_id
 from tests.support.harness import GatewayFactory, LiveGateway, fault_code
 from tests.support.postgres import Postgres, remove, start_postgres
@@ -141,3 +147,37 @@ def test_message_over_archive_limit_refused_or_kept_without_body(
     )
     assert (bytes(body), omitted) == (b"", "oversize")
     assert metric(gw, "wsgate_archive_records_total", route="trimmed", outcome="metadata_only") == 1
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from gateway.policy import ArchivePolicy
+from filters.stores.archive.writer import Writer
+from filters.stores.archive.segments import SegmentStore
+from filters.stores.archive.writer import Writer
+from gateway.policy import ArchivePolicy
+from tests.support.archive import pending
+pki, directory = Path(sys.argv[1]), sys.argv[2]
+writer = Writer(ArchivePolicy(directory=directory, signing_key=str(pki / "gateway-sign.key"), queue_size=5000))
+for i in range(3000):
+    assert writer.submit(pending(pki, i))
+os.kill(os.getpid(), signal.SIGKILL)  # records still queued: only the spool has them
+"""
+
+
+def test_worker_killed_with_queued_records_loses_none(pki: Path, tmp_path: Path) -> None:
+    got = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(pki), str(tmp_path)], timeout=120,
+                         cwd=Path(__file__).parents[2])  # fmt: skip
+    assert got.returncode == -signal.SIGKILL
+    store = SegmentStore(tmp_path, "default")
+    before = len(list(store.records()))
+    assert before < 3000  # the kill did catch records in the queue
+    survivor = Writer(ArchivePolicy(directory=str(tmp_path), signing_key=str(pki / "gateway-sign.key")))
+    try:
+        assert until(lambda: len(list(store.records())) >= 3000, timeout=60)
+    finally:
+        survivor.close(10)
+    ids = [r.fields["id"] for r in store.records()]
+    assert len(ids) == len(set(ids)) == 3000  # each once: what was archived before the kill is not again
+    assert not list((tmp_path / "spool").glob("*.spool"))

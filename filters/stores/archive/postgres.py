@@ -188,6 +188,10 @@ class PostgresStore:
         )
         return Stored(row[0], bytes(row[1]), row[2]) if row else None
 
+    def present(self, ids: list[str]) -> set[str]:
+        rows = self._run(lambda c: c.execute("SELECT id FROM audit_records WHERE id = ANY(%s)", (ids,)).fetchall())
+        return {r[0] for r in rows}
+
     def search(self, **where: str | None) -> Iterator[dict]:
         clauses, args = ["stream = %s"], [self.stream]
         since, until = where.pop("since", None), where.pop("until", None)

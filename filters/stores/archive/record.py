@@ -11,9 +11,11 @@ gateway's key) pins the chain so that its tail cannot be rewritten wholesale eit
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
+import struct
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -41,13 +43,13 @@ class Pending:
     profile: str
     policy_hash: str
     body: bytes | None  # None: not kept (oversize with metadata_only, or no body to keep)
-    body_key: rsa.RSAPublicKey
+    body_key: bytes  # the public key the body is encrypted to (SubjectPublicKeyInfo DER)
     at: float  # when the gateway had it (Unix seconds)
     reason: str | None = None  # a refusal's precise reason
     identity: str | None = None
     username: str | None = None
     key_name: str | None = None
-    chain: tuple[x509.Certificate, ...] = ()  # the signer's validated chain, leaf first
+    chain: tuple[bytes, ...] = ()  # the signer's validated chain, leaf first (DER)
     replay_keys: tuple[bytes, ...] = ()
     message_id: str | None = None
     request_id: str | None = None
@@ -92,9 +94,9 @@ def seal(p: Pending, stream: str, seq: int, prev: str) -> Stored:
         ciphertext = AESGCM(data_key).encrypt(nonce, p.body, p.id.encode())
         envelope = {
             "alg": "A256GCM+RSA-OAEP-256",
-            "key": base64.b64encode(p.body_key.encrypt(data_key, _OAEP)).decode(),
+            "key": base64.b64encode(_public_key(p.body_key).encrypt(data_key, _OAEP)).decode(),
             "nonce": base64.b64encode(nonce).decode(),
-            "key_id": _key_id(p.body_key),
+            "key_id": hashlib.sha256(p.body_key).hexdigest()[:16],
         }
     meta = {
         "id": p.id,
@@ -112,7 +114,7 @@ def seal(p: Pending, stream: str, seq: int, prev: str) -> Stored:
         "identity": p.identity,
         "username": p.username,
         "key_name": p.key_name,
-        "chain": [base64.b64encode(c.public_bytes(serialization.Encoding.DER)).decode() for c in p.chain],
+        "chain": [base64.b64encode(c).decode() for c in p.chain],
         "replay_keys": [k.hex() for k in p.replay_keys],
         "message_id": p.message_id,
         "request_id": p.request_id,
@@ -124,9 +126,60 @@ def seal(p: Pending, stream: str, seq: int, prev: str) -> Stored:
     return Stored(text, ciphertext, record_hash(text, ciphertext))
 
 
+def public_key_der(key: rsa.RSAPublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+@functools.lru_cache(maxsize=16)
+def _public_key(der: bytes) -> rsa.RSAPublicKey:
+    key = serialization.load_der_public_key(der)
+    assert isinstance(key, rsa.RSAPublicKey)
+    return key
+
+
 def _key_id(key: rsa.RSAPublicKey) -> str:
-    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(der).hexdigest()[:16]
+    return hashlib.sha256(public_key_der(key)).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A pending record as the spool keeps it (filters/stores/archive/spool.py): a JSON header, then the body.
+
+_FRAME = struct.Struct(">II")
+
+
+def to_spool(p: Pending) -> bytes:
+    head = {f: getattr(p, f) for f in _SCALARS}
+    head["body_key"] = base64.b64encode(p.body_key).decode()
+    head["chain"] = [base64.b64encode(c).decode() for c in p.chain]
+    head["replay_keys"] = [k.hex() for k in p.replay_keys]
+    head["has_body"] = p.body is not None
+    text = json.dumps(head).encode()
+    body = p.body or b""
+    return _FRAME.pack(len(text), len(body)) + text + body
+
+
+def from_spool(data: bytes, offset: int) -> tuple[Pending, int] | None:
+    """The pending record at `offset` and the offset after it; None at the end or at a torn last frame."""
+    if offset + _FRAME.size > len(data):
+        return None
+    n_head, n_body = _FRAME.unpack_from(data, offset)
+    start = offset + _FRAME.size
+    end = start + n_head + n_body
+    if end > len(data):
+        return None
+    head = json.loads(data[start : start + n_head])
+    p = Pending(
+        **{f: head[f] for f in _SCALARS},
+        body=data[start + n_head : end] if head["has_body"] else None,
+        body_key=base64.b64decode(head["body_key"]),
+        chain=tuple(base64.b64decode(c) for c in head["chain"]),
+        replay_keys=tuple(bytes.fromhex(k) for k in head["replay_keys"]),
+    )
+    return p, end
+
+
+_SCALARS = ("kind", "verdict", "route", "profile", "policy_hash", "at", "reason", "identity", "username", "key_name",
+            "message_id", "request_id", "size", "body_omitted", "id")  # fmt: skip
 
 
 class BodyKeyError(ValueError):

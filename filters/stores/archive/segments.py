@@ -138,6 +138,10 @@ class SegmentStore:
     def get(self, record_id: str) -> Stored | None:
         return next((r for r in self.records() if r.fields["id"] == record_id), None)
 
+    def present(self, ids: list[str]) -> set[str]:
+        wanted = set(ids)
+        return {r.fields["id"] for r in self.records()} & wanted
+
     def search(self, **where: str | None) -> Iterator[dict]:
         since, until = where.pop("since", None), where.pop("until", None)
         for rec in self.records():

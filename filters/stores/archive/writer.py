@@ -13,7 +13,9 @@ import logging
 import queue
 import threading
 import time
+from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from prometheus_client import Counter, Gauge
 
@@ -21,8 +23,9 @@ from filters.engine import faults
 from filters.engine.pipeline import Outcome
 from filters.engine.wss import keys
 from filters.stores.archive.postgres import DatabaseError, PostgresStore
-from filters.stores.archive.record import Pending, checkpoint
+from filters.stores.archive.record import Pending, checkpoint, public_key_der
 from filters.stores.archive.segments import SegmentStore
+from filters.stores.archive.spool import Spool
 from gateway.policy import ArchiveKeep, ArchivePolicy, Route
 
 log = logging.getLogger("wsgate.archive")
@@ -36,6 +39,7 @@ DEPTH = Gauge("wsgate_archive_queue_depth", "Records waiting for the archive wri
 
 BATCH = 256
 RETIRE_EVERY_S = 3600.0
+ORPHANS_EVERY_S = 2.0  # how often a writer looks for the spools of killed workers
 
 ArchiveStore = SegmentStore | PostgresStore
 
@@ -54,8 +58,11 @@ class Writer:
         self.policy = policy
         self.store = open_store(policy)
         self.signer = keys.load_private_key(policy.signing_key)
-        self.queue: queue.Queue[Pending] = queue.Queue(maxsize=policy.queue_size)
+        self.spool = Spool(Path(policy.directory) / "spool", policy.stream)
+        # (record, the spool's offset after it): marked done in the spool once archived
+        self.queue: queue.Queue[tuple[Pending, int]] = queue.Queue(maxsize=policy.queue_size)
         self.available = True
+        self._last_orphans = 0.0
         self._since_checkpoint, self._last_checkpoint = 0, time.monotonic()
         self._head: tuple[int, str] | None = None
         self._stopping = threading.Event()
@@ -65,10 +72,10 @@ class Writer:
         self._thread.start()
 
     def submit(self, p: Pending) -> bool:
-        try:
-            self.queue.put_nowait(p)
-        except queue.Full:
+        """Spool and queue `p`; False when the queue is full. Called from the worker's one thread only."""
+        if self.queue.full():
             return False
+        self.queue.put_nowait((p, self.spool.append(p)))
         return True
 
     def close(self, timeout_s: float) -> None:
@@ -77,20 +84,52 @@ class Writer:
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.error("archive stream %s: %d records not written at stop", self.policy.stream, self.queue.qsize())
+            return  # the spool stays: another writer of the stream takes it over
+        self.spool.close()
         self.store.close()
 
     def _run(self) -> None:
         while True:
             batch = self._take()
             if batch:
-                self._write(batch)
+                self._write([p for p, _ in batch])
+                self.spool.done(batch[-1][1])
             elif self._stopping.is_set():
                 self._checkpoint()
                 return
             self._maybe_checkpoint()
             self._maybe_retire()
+            self._take_over_orphans()
 
-    def _take(self) -> list[Pending]:
+    def _take_over_orphans(self) -> None:
+        """Archive what killed writers of this stream had spooled and not archived (once: ids already stored
+        are left out)."""
+        now = time.monotonic()
+        if now - self._last_orphans < ORPHANS_EVERY_S:
+            return
+        self._last_orphans = now
+        for path, pending in self.spool.orphans():
+            present: set[str] = set()
+            while pending:
+                try:
+                    present = self.store.present([p.id for p in pending])
+                    break
+                except (OSError, DatabaseError) as exc:
+                    self._unavailable(exc)
+            rest = [p for p in pending if p.id not in present]
+            for start in range(0, len(rest), BATCH):
+                self._write(rest[start : start + BATCH])
+            log.warning("archive stream %s: took over %s (%d records, %d archived now)", self.policy.stream,
+                        path.name, len(pending), len(rest))  # fmt: skip
+            self.spool.release(path)
+
+    def _unavailable(self, exc: Exception) -> None:
+        if self.available:
+            log.error("archive stream %s unavailable (%s): %s", self.policy.stream, self.store.where, exc)
+        self._set_available(False)
+        time.sleep(0.5)
+
+    def _take(self) -> list[tuple[Pending, int]]:
         try:
             batch = [self.queue.get(timeout=0.2)]
         except queue.Empty:
@@ -114,6 +153,11 @@ class Writer:
                 self._set_available(False)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+                continue
+            except Exception:  # a bug must not end the thread silently: the archive is then down (fail closed)
+                log.exception("archive stream %s: write failed", self.policy.stream)
+                self._set_available(False)
+                time.sleep(2.0)
                 continue
             if not self.available:
                 log.warning("archive stream %s available again", self.policy.stream)
@@ -168,7 +212,7 @@ class RouteArchive:
         public = keys.load_certificate(self.policy.body_key_certificate).public_key()
         if not isinstance(public, rsa.RSAPublicKey):
             raise faults.server(f"route {route.name}: archive.body_key_certificate is not an RSA certificate")
-        self.body_key = public
+        self.body_key = public_key_der(public)
 
     def keeps(self, what: ArchiveKeep) -> bool:
         return what in self.policy.keep
@@ -224,7 +268,8 @@ def _evidence(p: Pending, out: Outcome) -> None:
     p.identity, p.username = v.subject, v.username
     if v.key_reference is not None and v.key_reference.kind == "key_name":
         p.key_name = v.key_reference.value
-    p.chain = v.signer_chain or ((v.signer_certificate,) if v.signer_certificate is not None else ())
+    chain = v.signer_chain or ((v.signer_certificate,) if v.signer_certificate is not None else ())
+    p.chain = tuple(c.public_bytes(serialization.Encoding.DER) for c in chain)
 
 
 class Archives:
