@@ -17,7 +17,8 @@ Every request is counted once, per second and in total:
     corrupted  a reply that fails verification or says something else than the backend said
 
 and apart from the load: `replays accepted`, accepted messages sent again (a burst after each Redis kill and in
-each hostile burst) that got through; `hostile accepted`, oversized/deep/namespace-flood requests that did.
+each hostile burst) that got through; `hostile accepted`, oversized/deep/namespace-flood requests that did;
+with `--archive`, `archive missing`: accepted secured requests the archive does not hold (loadtest/archive.py).
 Memory: VmRSS of Envoy, each worker and Redis, every second. Output: a table, loadtest/out/soak.csv (per second),
 loadtest/out/soak.png."""
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import hashlib
 import itertools
 import random
 import shutil
@@ -44,6 +46,7 @@ from lxml import etree
 from certs import pki
 from gateway.control.supervisor import Gateway, _rss_mb, default_workers
 from loadtest import faults
+from loadtest.archive import missing, with_archive
 from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _table, bench_gateway, percentile
 from loadtest.messages import PROFILES, CheckFailed, Factory, Message
 
@@ -130,6 +133,7 @@ class Driver:
         self.pace = threading.Lock()
         self.stop = threading.Event()
         self.accepted: collections.deque[tuple[str, bytes]] = collections.deque(maxlen=500)
+        self.accepted_digests: set[str] = set()  # every accepted secured request: the archive must hold each
         self.local = threading.local()
         self.ca = str(
             gw.opts.certs / "ca.pem"
@@ -216,6 +220,7 @@ class Driver:
                 self.tally.latency_ms[profile].append(ms)
             if PROFILES[profile].secured:
                 self.accepted.append((profile, message.body))
+                self.accepted_digests.add(hashlib.sha256(message.body).hexdigest())
             return
         code = fault_code(body)
         if status == 503:
@@ -309,6 +314,7 @@ def run_soak(
     certs: Path = pki.DEFAULT_DIR,
     log: IO[str] = sys.stdout,
     chart: bool = True,
+    archive: bool = False,
 ) -> SoakResult:
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     rng = random.Random(seed)
@@ -321,7 +327,9 @@ def run_soak(
     with tempfile.TemporaryDirectory(prefix="wsgate-soak-") as tmp:
         own = Path(tmp) / "policies"
         own.mkdir()
-        for f in Path(policies).glob("*.y*ml"):
+        if archive:
+            with_archive(Path(policies), own, Path(tmp) / "archive")
+        for f in Path(policies).glob("*.y*ml") if not archive else ():
             shutil.copy(f, own)
         with bench_gateway(own, certs, Path(tmp) / "run", workers or default_workers()) as gw:
             tally = Tally(time.monotonic())
@@ -332,6 +340,9 @@ def run_soak(
                   f"req/s", file=log, flush=True)  # fmt: skip
             result = _soak(gw, driver, plan, duration, rng, own, log)
             result.saturation_rps, result.seed = sat, seed
+        if archive:  # the gateway stopped: its workers wrote what they had queued
+            archived, lost = missing(Path(tmp) / "archive", certs, driver.accepted_digests)
+            result.totals["archived"], result.totals["archive missing"] = archived, lost
     report(result, log)
     write_csv(result.tally, out / "soak.csv")
     if chart:
@@ -403,6 +414,10 @@ def report(result: SoakResult, out: IO[str]) -> None:
     print(f"\nWSGate soak, seed {result.seed}: {len(tally.seconds)} s at {result.rate:.0f} req/s "
           f"({result.saturation_rps:.0f} req/s saturation)\n", file=out)  # fmt: skip
     print(_table(["total", *COUNTS], [["all", *(str(t[c]) for c in COUNTS)]]), file=out)
+    if "archived" in t:
+        print(
+            f"\narchive: {t['archived']} requests archived; accepted and not archived: {t['archive missing']}", file=out
+        )
     rows = []
     for profile in PROFILES:
         c, lat = tally.by_profile[profile], tally.latency_ms[profile]
@@ -484,15 +499,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, help="filter workers (default: one per core)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument("--archive", action="store_true", help="archive every secured route; count what is missing")
     args = parser.parse_args(argv)
     kinds = [k for k in args.faults.split(",") if k]
     unknown = set(kinds) - set(faults.ALL)
     if unknown:
         parser.error(f"unknown faults: {', '.join(sorted(unknown))}")
     result = run_soak(args.duration, args.share, args.seed, kinds, args.threads, workers=args.workers, out=args.out,
-                      chart=not args.no_chart)  # fmt: skip
+                      chart=not args.no_chart, archive=args.archive)  # fmt: skip
     t = result.totals
-    return 0 if t["lost"] == t["corrupted"] == t["replays accepted"] == t["hostile accepted"] == 0 else 1
+    clean = t["lost"] == t["corrupted"] == t["replays accepted"] == t["hostile accepted"] == t["archive missing"] == 0
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

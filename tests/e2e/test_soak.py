@@ -25,3 +25,13 @@ def test_under_load_a_worker_kill_and_a_redis_kill_lose_nothing_and_reopen_no_re
     kinds = [kind for _, kind in result.schedule]
     assert sorted(kinds) == ["hostile", "redis_kill", "worker_kill"]
     assert (tmp_path / "soak.csv").read_text().startswith("second,sent,ok,")
+
+
+def test_under_load_and_worker_kills_no_accepted_request_is_missing_from_the_archive(tmp_path: Path, pki: Path) -> None:
+    log = io.StringIO()
+    result = soak.run_soak(duration=15, share=0.5, seed=7, kinds=["worker_kill", "worker_kill"], threads=4,
+                           probe_s=2, out=tmp_path, certs=pki, log=log, chart=False, archive=True)  # fmt: skip
+    t = result.totals
+    assert t["ok"] > 0 and (t["lost"], t["corrupted"]) == (0, 0), log.getvalue()
+    assert t["archived"] > 0 and t["archive missing"] == 0, log.getvalue()
+    assert "accepted and not archived: 0" in log.getvalue()
