@@ -146,14 +146,18 @@ def reverify(rec: Stored, body: bytes, decryption_key: rsa.RSAPrivateKey | None)
 def _walk(a: ArchivePolicy, store: ArchiveStore, certificate: str | None, since: str | None = None,
           until: str | None = None) -> ChainReport:  # fmt: skip
     cert = keys.load_certificate(certificate or a.signing_certificate)
+    # Checkpoints, then the head, then the records: each read sees at least what the one before it named.
+    checkpoints = store.checkpoints()
+    head = store.head()
     records: Iterator[Stored] = store.records()
     columns = store.columns()
     if since or until:
         pairs = _in_range(records, columns, since, until)
         kept = list(pairs)
-        return verify_chain((r for r, _ in kept), store.checkpoints(), cert,
+        return verify_chain((r for r, _ in kept), checkpoints, cert,
                             columns=None if columns is None else (c for _, c in kept))  # fmt: skip
-    return verify_chain(records, store.checkpoints(), cert, start=store.start(), head=store.head(), columns=columns)
+    return verify_chain(records, checkpoints, cert, start=store.start(), head=head, head_after=store.head,
+                        columns=columns)  # fmt: skip
 
 
 def _in_range(records: Iterator[Stored], columns: Iterator[dict] | None, since: str | None, until: str | None):  # type: ignore[no-untyped-def]
@@ -175,7 +179,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     meta = rec.fields
     ok = True
     report = _walk(a, store, args.certificate)
-    pinned = [json.loads(c)["seq"] for c in store.checkpoints() if json.loads(c)["seq"] >= meta["seq"]]
+    pinned = [seq for seq in (json.loads(c)["seq"] for c in store.checkpoints()) if seq >= meta["seq"]]
     if not report.intact:
         print(f"chain: BROKEN: {report.break_at}")
         ok = False

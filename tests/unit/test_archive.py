@@ -5,6 +5,7 @@ checkpoints on stop, and the policy's rules."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -79,3 +80,49 @@ def test_archive_policy_rules(pki: Path) -> None:
     assert "hunter2" not in repr(secret) and "hunter2" not in secret.model_dump_json()
     with pytest.raises(ValidationError, match="nothing to archive"):
         Route.model_validate({**route_doc(pki, "tls"), "upstream": {"address": "127.0.0.1:1"}, "archive": {}})
+
+
+def intact(store: SegmentStore, pki: Path) -> bool:
+    cert = keys.load_certificate(pki / "gateway-sign.pem")
+    report = verify_chain(store.records(), store.checkpoints(), cert, start=store.start(), head=store.head(),
+                          head_after=store.head)  # fmt: skip
+    return report.intact
+
+
+def test_writer_dead_between_its_lines_and_its_head_leaves_a_chain_that_goes_on(pki: Path, tmp_path: Path) -> None:
+    store = SegmentStore(tmp_path, "s")
+    fill(store, pki, n=5, every=5)
+    head = (store.dir / "head.json").read_bytes()
+    fill(store, pki, n=5, every=5)  # its lines on disk...
+    (store.dir / "head.json").write_bytes(head)  # ...its head.json never written
+    with open(next(store.dir.glob("seg-*.jsonl")), "a") as f:
+        f.write('{"meta": "torn')  # and a third one died mid-line
+    fill(store, pki, n=5, every=5)
+    assert [r.fields["seq"] for r in store.records()] == list(range(1, 16))
+    assert intact(store, pki)
+
+
+def test_verify_chain_while_a_writer_appends_sees_no_break(pki: Path, tmp_path: Path) -> None:
+    policy = ArchivePolicy(directory=str(tmp_path), signing_key=str(pki / "gateway-sign.key"), checkpoint_records=20)
+    writer = Writer(policy)
+    stop = threading.Event()
+
+    def feed() -> None:
+        i = 0
+        while not stop.is_set():
+            writer.submit(pending(pki, i))
+            i += 1
+            time.sleep(0.001)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        store = SegmentStore(tmp_path, "default")
+        for _ in range(15):
+            time.sleep(0.05)
+            assert intact(store, pki)
+    finally:
+        stop.set()
+        feeder.join()
+        writer.close(10)
+    assert intact(store, pki) and len(list(store.records())) > 50

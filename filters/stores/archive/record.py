@@ -17,7 +17,7 @@ import json
 import os
 import struct
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -254,13 +254,16 @@ def verify_chain(
     *,
     start: tuple[int, str] | None = None,
     head: tuple[int, str] | None = None,
+    head_after: Callable[[], tuple[int, str] | None] | None = None,
     columns: Iterable[dict] | None = None,
 ) -> ChainReport:
     """Walk `records` in stored order: each one's hash, its link to the one before, its sequence number; then
     every checkpoint's signature and whether the walked chain has its hash at its position. `start`: the (seq,
     prev hash) the walk must begin with (a stream's first record: (1, GENESIS); after retention: the last retired
     record's); None for a time range, which trusts its first record's link. `head`: the stream's head as the
-    store records it, which the last record must be (a removed tail). `columns`: a database's search columns
+    store recorded it, read before the records and the checkpoints before it (a live writer appends meanwhile),
+    which the walk must reach (a removed tail); `head_after` reads it again after the walk, which no record may
+    be beyond (one added past it). `columns`: a database's search columns
     per record, which must agree with the meta."""
     report = ChainReport()
     seen: dict[int, str] = {}
@@ -285,8 +288,12 @@ def verify_chain(
         report.first_seq = seq if report.first_seq is None else report.first_seq
         report.last_seq, report.last_hash = seq, rec.hash
         expect = (seq + 1, rec.hash)
-    if head is not None and (report.last_seq, report.last_hash) != head:
+    # Read before the records (a live writer may append meanwhile): the walk must reach it and agree with it.
+    if head is not None and seen.get(head[0]) != head[1]:
         return _broken(report, f"the stream's head is seq {head[0]}, the last record found is {report.last_seq}")
+    after = head_after() if head_after is not None else None
+    if after is not None and (report.last_seq or 0) > after[0]:
+        return _broken(report, f"records beyond the stream's head (seq {after[0]}): added past it")
     for text in checkpoints:
         doc = checkpoint_valid(text, certificate)
         if doc is None:
@@ -298,8 +305,8 @@ def verify_chain(
         if got is not None and got != doc["hash"]:
             return _broken(report, f"checkpoint at seq {doc['seq']}: the record there is not the one signed")
         report.checkpoints += got is not None
-        if head is not None and doc["seq"] > head[0]:
-            return _broken(report, f"checkpoint at seq {doc['seq']} is beyond the stream's head (tail removed)")
+        if head is not None and doc["seq"] > (report.last_seq or 0):
+            return _broken(report, f"checkpoint at seq {doc['seq']} is beyond the last record (tail removed)")
     return report
 
 

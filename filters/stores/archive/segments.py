@@ -62,7 +62,7 @@ class SegmentStore:
 
     def append(self, batch: list[Pending]) -> tuple[int, str]:
         with self._locked():
-            state = self._state()
+            state = self._recovered(self._state())
             seq, prev = state["seq"], state["hash"]
             day = datetime.now(UTC).strftime("%Y-%m-%d")
             segment = state["segment"]
@@ -79,8 +79,32 @@ class SegmentStore:
                 f.write("".join(lines))
                 f.flush()
                 os.fsync(f.fileno())
-            self._write_state({**state, "seq": seq, "hash": prev, "segment": segment, "day": day})
+                size = f.tell()
+            self._write_state({**state, "seq": seq, "hash": prev, "segment": segment, "day": day, "size": size})
             return seq, prev
+
+    def _recovered(self, state: dict) -> dict:
+        """The head as the current segment says, after a writer died between its lines and head.json (their
+        records are on disk: the head moves to them) or in the middle of a line (a torn line is cut off)."""
+        segment = state["segment"]
+        if segment is None or (self.dir / segment).stat().st_size == state.get("size"):
+            return state
+        path = self.dir / segment
+        data = path.read_bytes()
+        good = data.rfind(b"\n") + 1  # a last line without its newline was torn
+        last = None
+        for line in data[:good].splitlines():
+            if line.strip():
+                last = json.loads(line)
+        if good < len(data):
+            with open(path, "r+b") as f:
+                f.truncate(good)
+                os.fsync(f.fileno())
+        if last is not None:
+            state = {**state, "seq": json.loads(last["meta"])["seq"], "hash": last["hash"]}
+        state = {**state, "size": good}
+        self._write_state(state)
+        return state
 
     def add_checkpoint(self, text: str) -> None:
         with self._locked(), open(self.dir / "checkpoints.jsonl", "a") as f:
@@ -132,7 +156,8 @@ class SegmentStore:
         return state["retired_seq"] + 1, state["retired_hash"]
 
     def head(self) -> tuple[int, str] | None:
-        state = self._state()
+        with self._locked():  # not between a batch's lines and its head.json
+            state = self._state()
         return (state["seq"], state["hash"]) if state["seq"] else None
 
     def get(self, record_id: str) -> Stored | None:
