@@ -152,15 +152,16 @@ def _walk(a: ArchivePolicy, store: ArchiveStore, certificate: str | None, since:
     records: Iterator[Stored] = store.records()
     columns = store.columns()
     if since or until:
-        pairs = _in_range(records, columns, since, until)
-        kept = list(pairs)
+        kept = list(_in_range(records, columns, since, until))
         return verify_chain((r for r, _ in kept), checkpoints, cert,
-                            columns=None if columns is None else (c for _, c in kept))  # fmt: skip
+                            columns=None if columns is None else (c or {} for _, c in kept))  # fmt: skip
     return verify_chain(records, checkpoints, cert, start=store.start(), head=head, head_after=store.head,
                         columns=columns)  # fmt: skip
 
 
-def _in_range(records: Iterator[Stored], columns: Iterator[dict] | None, since: str | None, until: str | None):  # type: ignore[no-untyped-def]
+def _in_range(
+    records: Iterator[Stored], columns: Iterator[dict] | None, since: str | None, until: str | None
+) -> Iterator[tuple[Stored, dict | None]]:
     """The stored run of records from the first received at or after `since` to the last at or before `until`."""
     started = False
     for rec in records:
