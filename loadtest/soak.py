@@ -29,6 +29,7 @@ import collections
 import csv
 import hashlib
 import itertools
+import os
 import random
 import shutil
 import sys
@@ -46,7 +47,7 @@ from lxml import etree
 from certs import pki
 from gateway.control.supervisor import Gateway, _rss_mb, default_workers
 from loadtest import faults
-from loadtest.archive import missing, with_archive
+from loadtest.archive import DSN_ENV, ArchiveDb, missing, with_archive
 from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _table, bench_gateway, percentile
 from loadtest.messages import PROFILES, CheckFailed, Factory, Message
 
@@ -315,7 +316,10 @@ def run_soak(
     log: IO[str] = sys.stdout,
     chart: bool = True,
     archive: bool = False,
+    archive_db: ArchiveDb | None = None,
 ) -> SoakResult:
+    """`archive`: every secured route archives (to the segment store, or with `archive_db` to that PostgreSQL
+    server, which the archive_db_restart fault restarts); the result counts accepted requests not archived."""
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     rng = random.Random(seed)
     kinds = list(kinds or faults.ALL)
@@ -327,8 +331,10 @@ def run_soak(
     with tempfile.TemporaryDirectory(prefix="wsgate-soak-") as tmp:
         own = Path(tmp) / "policies"
         own.mkdir()
+        if archive_db is not None:
+            os.environ[DSN_ENV] = archive_db.dsn  # for the workers and this process's policy loads
         if archive:
-            with_archive(Path(policies), own, Path(tmp) / "archive")
+            with_archive(Path(policies), own, Path(tmp) / "archive", db=archive_db is not None)
         for f in Path(policies).glob("*.y*ml") if not archive else ():
             shutil.copy(f, own)
         with bench_gateway(own, certs, Path(tmp) / "run", workers or default_workers()) as gw:
@@ -338,10 +344,12 @@ def run_soak(
             driver.rate = max(1.0, sat * share)
             print(f"saturation {sat:.0f} req/s (closed loop, {threads} threads, the mix); driving {driver.rate:.0f} "
                   f"req/s", file=log, flush=True)  # fmt: skip
-            result = _soak(gw, driver, plan, duration, rng, own, log)
+            result = _soak(gw, driver, plan, duration, rng, own, log, archive_db)
             result.saturation_rps, result.seed = sat, seed
         if archive:  # the gateway stopped: its workers wrote what they had queued
-            archived, lost = missing(Path(tmp) / "archive", certs, driver.accepted_digests)
+            dsn = archive_db.dsn if archive_db is not None else None
+            archived, lost = missing(Path(tmp) / "archive", certs, driver.accepted_digests, dsn)
+            os.environ.pop(DSN_ENV, None)
             result.totals["archived"], result.totals["archive missing"] = archived, lost
     report(result, log)
     write_csv(result.tally, out / "soak.csv")
@@ -351,10 +359,10 @@ def run_soak(
 
 
 def _soak(gw: Gateway, driver: Driver, plan: list[tuple[float, str]], duration: float, rng: random.Random,
-          policies: Path, log: IO[str]) -> SoakResult:  # fmt: skip
+          policies: Path, log: IO[str], archive_db: ArchiveDb | None = None) -> SoakResult:  # fmt: skip
     tally = driver.tally = Tally(time.monotonic())
     lock = threading.Lock()
-    injector = faults.Faults(gw, lock, rng, policies)
+    injector = faults.Faults(gw, lock, rng, policies, archive_db)
     stop = threading.Event()
     failures: list[BaseException] = []
 
@@ -386,7 +394,7 @@ def _soak(gw: Gateway, driver: Driver, plan: list[tuple[float, str]], duration: 
         if kind == faults.HOSTILE:
             what = driver.hostile_burst(rng)
         else:
-            what = faults.KINDS[kind](injector)
+            what = {**faults.KINDS, **faults.OPTIONAL}[kind](injector)
         tally.settled(window)
         tally.events.append((begun - tally.started, what))
         print(f"  {begun - tally.started:6.1f}s  {what}", file=log, flush=True)
