@@ -37,6 +37,7 @@ from filters.engine.engine import Engine, Exchange, RoutePipeline, fault_soap_ve
 from filters.engine.profiles import SecuredPipeline
 from filters.engine.wss.replay import DeferredKey, before_epoch
 from filters.engine.xml.xmlsupport import check_libxml2
+from filters.stores.archive.writer import Archives
 from filters.stores.factory import RouteStores
 from filters.stores.replay import EPOCH_KEY, DeferredRedisReplay
 from gateway.policy import (
@@ -98,12 +99,16 @@ class Worker:
         self.policies_dir = policies_dir
         self.budget_bytes = budget_bytes
         self.ready_file = ready_file
+        self.archives = Archives()
         self.engine = self._load()
         self.routes = set(self.engine.pipelines)  # the policies' own routes (without those kept from before)
         self.reloads = 0
 
     def _load(self) -> Engine:
-        return Engine(check_body_budget(load_dir(self.policies_dir), self.budget_bytes), RouteStores(defer_replay=True))
+        policies = check_body_budget(load_dir(self.policies_dir), self.budget_bytes)
+        engine = Engine(policies, RouteStores(defer_replay=True))
+        self.archives.configure(policies.routes)
+        return engine
 
     def table(self) -> Table:
         routes = {
@@ -164,6 +169,7 @@ class Worker:
         """The one call from the frame into the engine. Never raises: a fault is an answer, and so is a bug (a
         generic fault: fail closed, the traceback only in the log)."""
         p = in_flight or InFlight(headers or {})
+        archive = self.archives.get(route_name)
         try:
             if p.pipeline is None:
                 p.pipeline = self.engine.pipeline(route_name)
@@ -171,9 +177,16 @@ class Worker:
                 p.label = (p.pipeline.route.name, p.pipeline.route.profile)
             assert p.exchange is not None
             if phase == "request":
+                if archive is not None:
+                    archive.admit()
                 out = p.pipeline.request(body, p.headers, p.exchange)
+                if archive is not None and out.verified is not None and archive.keeps("signed_requests"):
+                    archive.keep("request", "accepted", body, p.headers, out)
             else:
                 out = p.pipeline.response(body, p.exchange)
+                if archive is not None and out.body is not None and archive.keeps("signed_replies"):
+                    if isinstance(p.pipeline, SecuredPipeline):
+                        archive.keep("reply", "signed", out.body, p.headers, out)
             check = None
             if out.replay:
                 p.replay = out.replay
@@ -182,6 +195,8 @@ class Worker:
             metrics.series(metrics.REQUESTS, *p.label, phase, "ok").inc()
         except faults.Fault as fault:
             self._count(fault, p.label, phase, route_name)
+            if archive is not None and archive.keeps("refusals") and not fault.reason.startswith("archive "):
+                archive.keep("refusal", "refused", body, p.headers, reason=fault.reason)
             return self._fault(fault, p)
         except Exception:
             log.exception("internal error on route %s", route_name)
@@ -207,6 +222,9 @@ class Worker:
                 fault = faults.server(f"replay check: unexpected outcome {outcome!r}")
         in_flight.replay = []
         self._count(fault, in_flight.label, "request", route_name)
+        archive = self.archives.get(route_name)
+        if archive is not None and archive.keeps("refusals"):  # the body went with the accepted record: this names it
+            archive.keep("refusal", "refused", b"", in_flight.headers, reason=fault.reason)
         return self._fault(fault, in_flight)
 
     @staticmethod
@@ -272,6 +290,8 @@ def serve(
         wsgate_frame.serve(worker, listen, worker.table(), body_budget_bytes, MAX_MESSAGE_BYTES, GRACE_SECONDS)
     except OSError as exc:
         raise SystemExit(str(exc)) from None
+    finally:
+        worker.archives.close(GRACE_SECONDS)  # what is queued is written before the worker goes
 
 
 def main(argv: list[str] | None = None) -> None:

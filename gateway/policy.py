@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Profile = Literal["none", "xml", "tls", "hmac", "rsa", "secureconversation", "saml"]
 XML_PROFILES = {"xml", "hmac", "rsa", "secureconversation", "saml"}
@@ -417,6 +426,43 @@ class SamlTokenService(SamlIssuing):
     lifetime_s: int = Field(default=3600, gt=0, le=8 * 3600)
 
 
+ArchiveKeep = Literal["signed_requests", "signed_replies", "refusals"]
+
+
+class ArchivePolicy(Strict):
+    """The non-repudiation archive (docs/audit.md, filters/stores/archive/): what of this route's traffic is kept,
+    where, for how long, and what an archive that cannot keep up does to the exchange. Records are chained per
+    `stream` and checkpointed with `signing_key`; bodies are encrypted to `body_key_certificate` (its private key,
+    held by the auditors, opens them: the gateway cannot read its own archive)."""
+
+    keep: Annotated[list[ArchiveKeep], Field(min_length=1)] = ["signed_requests"]
+    store: Literal["segments", "postgres"] = "segments"
+    # segments: one directory per stream here; every store: the writers' spools in <directory>/spool (what a killed
+    # worker had queued is archived by another: filters/stores/archive/spool.py)
+    directory: str = "run/archive"
+    # postgres: a libpq DSN; the password from ${VAR} or PGPASSFILE, never written into the policy (kept secret).
+    dsn: SecretStr | None = None
+    stream: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
+    body_key_certificate: str = "certs/out/gateway-enc.pem"
+    signing_key: PrivateKeyRef = "certs/out/gateway-sign.key"  # signs checkpoints (a PEM file or a pkcs11: URI)
+    signing_certificate: str = "certs/out/gateway-sign.pem"
+    checkpoint_records: int = Field(default=1000, gt=0)  # a signed checkpoint after this many records
+    checkpoint_interval_s: float = Field(default=60, gt=0)  # ... or this long, whichever comes first
+    retention_days: int = Field(default=3650, gt=0)
+    segment_max_mb: int = Field(default=64, gt=0, le=4096)  # segments: rotated at this size or daily
+    on_failure: Literal["fail_closed", "alarm"] = "fail_closed"  # the archive down: refuse (503) or pass and count
+    queue_size: int = Field(default=10_000, gt=0, le=1_000_000)
+    when_full: Literal["refuse", "drop"] = "refuse"  # the queue full: 503, or pass, drop the record and count
+    max_record_bytes: int = Field(default=MAX_BODY_BYTES, gt=0, le=MAX_BODY_BYTES)
+    oversize: Literal["refuse", "metadata_only"] = "metadata_only"  # a larger message: 413, or kept without its body
+
+    @model_validator(mode="after")
+    def _dsn(self) -> ArchivePolicy:
+        if (self.store == "postgres") != (self.dsn is not None):
+            raise ValueError("dsn is needed with store postgres, and only there")
+        return self
+
+
 class Route(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
     match: Match
@@ -444,6 +490,7 @@ class Route(Strict):
     schema_validation: SchemaValidation = SchemaValidation()
     backend_assertion: BackendAssertion | None = None  # a signed SAML assertion of the caller for the backend
     saml_token_service: SamlTokenService | None = None  # secureconversation: the STS issues SAML 2.0 too
+    archive: ArchivePolicy | None = None
 
     @property
     def touches_xml(self) -> bool:
@@ -490,6 +537,12 @@ class Route(Strict):
                 raise FieldError("backend_assertion", "an anonymous caller (hmac.allow_anonymous) has no identity")
         if self.saml_token_service is not None and self.profile != "secureconversation":
             raise FieldError("saml_token_service", "the WS-Trust endpoint is on secureconversation routes")
+        return self
+
+    @model_validator(mode="after")
+    def _archive_reads(self) -> Route:
+        if self.archive is not None and not self.touches_xml:
+            raise FieldError("archive", f"the {self.profile} profile does not read messages: nothing to archive")
         return self
 
     @model_validator(mode="after")

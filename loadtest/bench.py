@@ -51,6 +51,7 @@ from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway, Options, default_workers
 from gateway.policy import PolicySet, load_dir
 from loadtest import engine_cpu, targets
+from loadtest.archive import with_archive
 from loadtest.messages import (
     ENCRYPTED_KEY,
     HMAC_KEY_NAME,
@@ -1000,11 +1001,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-chart", action="store_true")
     p.add_argument("--hsm", action="store_true",
                    help="the gateway's private keys in a SoftHSM2 token (compare the rsa rows with a run without)")  # fmt: skip
+    p.add_argument("--archive", action="store_true",
+                   help="every secured route archives (docs/audit.md): compare its rows with a run without")  # fmt: skip
     p.add_argument("--engine-scale", type=float, default=1.0,
                    help="multiply the in-process engine measure's exchange counts (0: skip it)")  # fmt: skip
     args = p.parse_args(argv)
     if args.hsm:
         args.policies = hsm_policies(args.policies, args.certs, args.out / "policies-hsm")
+    if args.archive:
+        args.policies = with_archive(args.policies, args.out / "policies-archive", args.out / "archive")
     try:
         run_bench(
             profiles=[x for x in args.profiles.split(",") if x], sizes=[x for x in args.sizes.split(",") if x],

@@ -23,10 +23,12 @@ import yaml
 from certs import pki, rotate
 from gateway.control.supervisor import Gateway
 from gateway.policy import load_dir
+from loadtest.archive import ArchiveDb
 
 DEMO = "urn:wsgate:demo"
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
 BACKEND_DOWN_S = 3.0  # how long the backend stays stopped
+ARCHIVE_DB_DOWN_S = 2.0
 # After a fault, this long the replies it explains (503s, store-unavailable faults, ...) count as documented.
 SETTLE_S = 5.0
 
@@ -39,6 +41,7 @@ class Faults:
     policies: Path  # the soak's own copy of the policies, which `reload` and `rotation` change
     rotations: int = 0
     _generations: list[Path] = field(default_factory=list)  # the key folders `rotation` alternates between
+    archive_db: ArchiveDb | None = None  # the archive's PostgreSQL server, which `archive_db_restart` restarts
 
     def worker_kill(self) -> str:
         with self.lock:
@@ -134,6 +137,15 @@ class Faults:
             )
         return f"backend stopped {BACKEND_DOWN_S:g} s, started again"
 
+    def archive_db_restart(self) -> str:
+        """The archive's database stopped and started again: fail-closed routes refuse (503) meanwhile, and every
+        record of an accepted request is written once it is back."""
+        assert self.archive_db is not None, "archive_db_restart needs the soak's archive database"
+        self.archive_db.stop()
+        time.sleep(ARCHIVE_DB_DOWN_S)
+        self.archive_db.start()
+        return f"archive database stopped {ARCHIVE_DB_DOWN_S:g} s, started again"
+
     def worker_replace(self) -> str:
         """Envoy's filter endpoints moved: a worker replaced by a new one on the other port of its pair."""
         with self.lock:
@@ -160,6 +172,9 @@ KINDS: dict[str, Callable[[Faults], str]] = {
 }
 HOSTILE = "hostile"  # the burst: the soak sends it (it needs the accepted messages to replay)
 ALL = (*KINDS, HOSTILE)
+# Only with a database to restart (run_soak's archive_db): not among ALL, the default.
+ARCHIVE_DB_RESTART = "archive_db_restart"
+OPTIONAL: dict[str, Callable[[Faults], str]] = {ARCHIVE_DB_RESTART: Faults.archive_db_restart}
 
 
 def schedule(kinds: list[str], duration: float, rng: random.Random, lead: float = 2.0) -> list[tuple[float, str]]:

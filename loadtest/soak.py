@@ -17,7 +17,8 @@ Every request is counted once, per second and in total:
     corrupted  a reply that fails verification or says something else than the backend said
 
 and apart from the load: `replays accepted`, accepted messages sent again (a burst after each Redis kill and in
-each hostile burst) that got through; `hostile accepted`, oversized/deep/namespace-flood requests that did.
+each hostile burst) that got through; `hostile accepted`, oversized/deep/namespace-flood requests that did;
+with `--archive`, `archive missing`: accepted secured requests the archive does not hold (loadtest/archive.py).
 Memory: VmRSS of Envoy, each worker and Redis, every second. Output: a table, loadtest/out/soak.csv (per second),
 loadtest/out/soak.png."""
 
@@ -26,7 +27,9 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import hashlib
 import itertools
+import os
 import random
 import shutil
 import sys
@@ -44,6 +47,7 @@ from lxml import etree
 from certs import pki
 from gateway.control.supervisor import Gateway, _rss_mb, default_workers
 from loadtest import faults
+from loadtest.archive import DSN_ENV, ArchiveDb, missing, with_archive
 from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _table, bench_gateway, percentile
 from loadtest.messages import PROFILES, CheckFailed, Factory, Message
 
@@ -130,6 +134,7 @@ class Driver:
         self.pace = threading.Lock()
         self.stop = threading.Event()
         self.accepted: collections.deque[tuple[str, bytes]] = collections.deque(maxlen=500)
+        self.accepted_digests: set[str] = set()  # every accepted secured request: the archive must hold each
         self.local = threading.local()
         self.ca = str(
             gw.opts.certs / "ca.pem"
@@ -216,6 +221,7 @@ class Driver:
                 self.tally.latency_ms[profile].append(ms)
             if PROFILES[profile].secured:
                 self.accepted.append((profile, message.body))
+                self.accepted_digests.add(hashlib.sha256(message.body).hexdigest())
             return
         code = fault_code(body)
         if status == 503:
@@ -309,7 +315,11 @@ def run_soak(
     certs: Path = pki.DEFAULT_DIR,
     log: IO[str] = sys.stdout,
     chart: bool = True,
+    archive: bool = False,
+    archive_db: ArchiveDb | None = None,
 ) -> SoakResult:
+    """`archive`: every secured route archives (to the segment store, or with `archive_db` to that PostgreSQL
+    server, which the archive_db_restart fault restarts); the result counts accepted requests not archived."""
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     rng = random.Random(seed)
     kinds = list(kinds or faults.ALL)
@@ -321,7 +331,11 @@ def run_soak(
     with tempfile.TemporaryDirectory(prefix="wsgate-soak-") as tmp:
         own = Path(tmp) / "policies"
         own.mkdir()
-        for f in Path(policies).glob("*.y*ml"):
+        if archive_db is not None:
+            os.environ[DSN_ENV] = archive_db.dsn  # for the workers and this process's policy loads
+        if archive:
+            with_archive(Path(policies), own, Path(tmp) / "archive", db=archive_db is not None)
+        for f in Path(policies).glob("*.y*ml") if not archive else ():
             shutil.copy(f, own)
         with bench_gateway(own, certs, Path(tmp) / "run", workers or default_workers()) as gw:
             tally = Tally(time.monotonic())
@@ -330,8 +344,13 @@ def run_soak(
             driver.rate = max(1.0, sat * share)
             print(f"saturation {sat:.0f} req/s (closed loop, {threads} threads, the mix); driving {driver.rate:.0f} "
                   f"req/s", file=log, flush=True)  # fmt: skip
-            result = _soak(gw, driver, plan, duration, rng, own, log)
+            result = _soak(gw, driver, plan, duration, rng, own, log, archive_db)
             result.saturation_rps, result.seed = sat, seed
+        if archive:  # the gateway stopped: its workers wrote what they had queued
+            dsn = archive_db.dsn if archive_db is not None else None
+            archived, lost = missing(Path(tmp) / "archive", certs, driver.accepted_digests, dsn)
+            os.environ.pop(DSN_ENV, None)
+            result.totals["archived"], result.totals["archive missing"] = archived, lost
     report(result, log)
     write_csv(result.tally, out / "soak.csv")
     if chart:
@@ -340,10 +359,10 @@ def run_soak(
 
 
 def _soak(gw: Gateway, driver: Driver, plan: list[tuple[float, str]], duration: float, rng: random.Random,
-          policies: Path, log: IO[str]) -> SoakResult:  # fmt: skip
+          policies: Path, log: IO[str], archive_db: ArchiveDb | None = None) -> SoakResult:  # fmt: skip
     tally = driver.tally = Tally(time.monotonic())
     lock = threading.Lock()
-    injector = faults.Faults(gw, lock, rng, policies)
+    injector = faults.Faults(gw, lock, rng, policies, archive_db)
     stop = threading.Event()
     failures: list[BaseException] = []
 
@@ -375,7 +394,7 @@ def _soak(gw: Gateway, driver: Driver, plan: list[tuple[float, str]], duration: 
         if kind == faults.HOSTILE:
             what = driver.hostile_burst(rng)
         else:
-            what = faults.KINDS[kind](injector)
+            what = {**faults.KINDS, **faults.OPTIONAL}[kind](injector)
         tally.settled(window)
         tally.events.append((begun - tally.started, what))
         print(f"  {begun - tally.started:6.1f}s  {what}", file=log, flush=True)
@@ -403,6 +422,10 @@ def report(result: SoakResult, out: IO[str]) -> None:
     print(f"\nWSGate soak, seed {result.seed}: {len(tally.seconds)} s at {result.rate:.0f} req/s "
           f"({result.saturation_rps:.0f} req/s saturation)\n", file=out)  # fmt: skip
     print(_table(["total", *COUNTS], [["all", *(str(t[c]) for c in COUNTS)]]), file=out)
+    if "archived" in t:
+        print(
+            f"\narchive: {t['archived']} requests archived; accepted and not archived: {t['archive missing']}", file=out
+        )
     rows = []
     for profile in PROFILES:
         c, lat = tally.by_profile[profile], tally.latency_ms[profile]
@@ -484,15 +507,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, help="filter workers (default: one per core)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument("--archive", action="store_true", help="archive every secured route; count what is missing")
     args = parser.parse_args(argv)
     kinds = [k for k in args.faults.split(",") if k]
     unknown = set(kinds) - set(faults.ALL)
     if unknown:
         parser.error(f"unknown faults: {', '.join(sorted(unknown))}")
     result = run_soak(args.duration, args.share, args.seed, kinds, args.threads, workers=args.workers, out=args.out,
-                      chart=not args.no_chart)  # fmt: skip
+                      chart=not args.no_chart, archive=args.archive)  # fmt: skip
     t = result.totals
-    return 0 if t["lost"] == t["corrupted"] == t["replays accepted"] == t["hostile accepted"] == 0 else 1
+    clean = t["lost"] == t["corrupted"] == t["replays accepted"] == t["hostile accepted"] == t["archive missing"] == 0
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

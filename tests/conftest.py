@@ -14,6 +14,7 @@ import pytest
 from certs import hsm as hsm_mod
 from certs import pki as pki_mod
 from tests.support.harness import GatewayFactory, start_redis, stop
+from tests.support.postgres import Postgres, remove, start_postgres
 from tests.support.wss_helpers import Keys, with_token_keys
 
 
@@ -66,6 +67,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc, url = start_redis(tmp_path_factory.mktemp("redis"))
     yield url
     stop(proc)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL server (Debian's postgresql) on a free loopback port, with a password, for the session."""
+    pg = start_postgres()
+    yield pg
+    remove(pg)
 
 
 @pytest.fixture

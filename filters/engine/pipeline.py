@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from filters.engine import faults, metrics
 from filters.engine.wss.replay import DeferredKey
+from filters.engine.wss.wssecurity import Verified
 from filters.engine.xml import charset, schema_validation, wsdl
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import parse_envelope
@@ -33,6 +34,9 @@ class Outcome:
     # Replay keys the caller must set before it answers (a deferred replay store): all new, or the key's fault.
     replay: list[DeferredKey] = field(default_factory=list)
     replay_since_ms: int = 0  # the message's freshness evidence, to compare with the store's epoch
+    # What a secured request proved (signer, chain, user) and its wsa:MessageID: the archive's evidence.
+    verified: Verified | None = None
+    message_id: str | None = None
 
 
 def forward(env: Envelope, received_type: str | None, body: bytes | None = None, **headers: str) -> Outcome:

@@ -118,6 +118,7 @@ class SecuredPipeline(RoutePipeline):
         who sent it in the identity header."""
         route = self.route
         self.validate(env, request=True)  # the Security header gone, the Body's wsu:Id stripped
+        message_id = ws_trust.message_id(env)  # before unsigned addressing blocks may be stripped
         header_blocks.enforce(env, verified.covers, route.unsigned_headers, headers)
         ex.security = verified
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
@@ -131,6 +132,7 @@ class SecuredPipeline(RoutePipeline):
             out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
         out.replay = verified.replay_keys
         out.replay_since_ms = verified.replay_since_ms
+        out.verified, out.message_id = verified, message_id
         return out
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:

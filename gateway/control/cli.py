@@ -12,7 +12,7 @@ from pathlib import Path
 
 from certs import hsm, pki, rotate
 from filters.engine.wss import inventory
-from gateway.control import envoy_config, published_certificates, published_policy
+from gateway.control import audit, envoy_config, published_certificates, published_policy
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet
@@ -453,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help; their own parsers take the arguments (see main).
     sub.add_parser("filter", help="run one ext_proc filter worker (wsgate filter --help)")
     sub.add_parser("backend", help="run the demo SOAP backend (wsgate backend --help)")
+    audit.add_parser(sub)
     return p
 
 

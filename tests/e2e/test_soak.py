@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from loadtest import soak
+from loadtest.faults import ARCHIVE_DB_RESTART
+from tests.support.postgres import remove, start_postgres
 
 pytestmark = pytest.mark.slow  # 20 s of load
 
@@ -41,3 +43,30 @@ def test_keys_rotated_under_load_refuse_nothing_that_should_pass(tmp_path: Path,
     assert (t["refused"], t["lost"], t["corrupted"]) == (0, 0, 0), log.getvalue()
     events = [what for _, what in result.tally.events]
     assert any("to the rotated keys" in e for e in events) and any("to the PKI keys" in e for e in events), events
+
+
+def test_under_load_and_worker_kills_no_accepted_request_is_missing_from_the_archive(tmp_path: Path, pki: Path) -> None:
+    log = io.StringIO()
+    result = soak.run_soak(duration=15, share=0.5, seed=7, kinds=["worker_kill", "worker_kill"], threads=4,
+                           probe_s=2, out=tmp_path, certs=pki, log=log, chart=False, archive=True)  # fmt: skip
+    t = result.totals
+    assert t["ok"] > 0 and (t["lost"], t["corrupted"]) == (0, 0), log.getvalue()
+    assert t["archived"] > 0 and t["archive missing"] == 0, log.getvalue()
+    assert "accepted and not archived: 0" in log.getvalue()
+
+
+def test_under_load_a_worker_kill_and_an_archive_database_restart_lose_no_archived_request(
+    tmp_path: Path, pki: Path
+) -> None:
+    db = start_postgres()
+    try:
+        log = io.StringIO()
+        result = soak.run_soak(duration=20, share=0.5, seed=11, kinds=["worker_kill", ARCHIVE_DB_RESTART], threads=4,
+                               probe_s=2, out=tmp_path, certs=pki, log=log, chart=False, archive=True,
+                               archive_db=db)  # fmt: skip
+    finally:
+        remove(db)
+    t = result.totals
+    assert sorted(kind for _, kind in result.schedule) == [ARCHIVE_DB_RESTART, "worker_kill"]
+    assert t["ok"] > 0 and (t["lost"], t["corrupted"]) == (0, 0), log.getvalue()
+    assert t["archived"] > 0 and t["archive missing"] == 0, log.getvalue()

@@ -222,6 +222,11 @@ class TrustStore:
             self._cache.popitem(last=False)
         return subject
 
+    def chain(self, cert: x509.Certificate) -> tuple[x509.Certificate, ...]:
+        """The chain (leaf first) `validate` last found for `cert`; empty when it was not validated."""
+        hit = self._cache.get(cert.fingerprint(hashes.SHA256()))
+        return hit.chain if hit is not None else ()
+
 
 # ---------------------------------------------------------------------------------------------------------
 # BinarySecurityToken

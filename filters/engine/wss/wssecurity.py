@@ -95,6 +95,7 @@ class Verified:
 
     signed: list[etree._Element] = field(default_factory=list)
     signer_certificate: x509.Certificate | None = None
+    signer_chain: tuple[x509.Certificate, ...] = ()  # the validated chain, leaf first (kept as evidence: archive)
     # Who sent it, for the backend: the X.509 signer (RFC 4514), the UsernameToken user, the context's subject,
     # "key:<name>" (a pre-shared key) or ANONYMOUS (a key from an EncryptedKey and nothing else).
     subject: str | None = None
@@ -526,6 +527,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
         else:  # The certificate is trusted before its signature is worth checking.
             st.out.subject = st.creds.trust.validate(key, [], st.now)
             st.out.signer_certificate = key
+            st.out.signer_chain = st.creds.trust.chain(key)
     verified = signature.verify(sig, st.env, key, st.req.signature, st.creds.optimizations)
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
     _first_sight(st, b"sig:" + verified.signature_value, _replay_ttl(st), replayed)
