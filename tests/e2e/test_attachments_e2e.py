@@ -33,6 +33,7 @@ def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     routes = [
         _xml("mtom"),
         _xml("inline", to_backend="inline"),
+        {**_xml("action"), "match": {"path_prefix": "/action/", "soap_action": "urn:upload"}},
         {"name": "plain", "match": {"path_prefix": "/plain/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
         route_doc(pki, "rsa", name="rsa", attachments=ACCEPT),
     ]
@@ -57,6 +58,15 @@ def test_mtom_and_swa_pass_byte_for_byte_both_ways_on_an_xml_route(gw: LiveGatew
         (got,) = gw.received()
         assert got["sha256"] == hashlib.sha256(body).hexdigest() and got["headers"]["content-type"] == content_type
         assert r.content == body and r.headers["content-type"] == content_type  # the reply, through the gateway
+
+
+def test_a_soap12_mtom_request_reaches_the_route_its_action_names(gw: LiveGateway) -> None:
+    # Metro and CXF write the SOAP 1.2 action into start-info, itself a quoted string: action=\"...\"
+    content_type, body = build.mtom({"a@test": b"x"}, "1.2", root=_echo_xop("1.2"))
+    content_type = content_type.replace('start-info="application/soap+xml"',
+                                        'start-info="application/soap+xml; action=\\"urn:upload\\""')  # fmt: skip
+    r = _post(gw, "/action/demo", content_type, body)
+    assert r.status_code == 200 and gw.received()[-1]["path"] == "/action/demo", r.text[:300]
 
 
 def test_xop_is_inlined_for_a_backend_that_wants_plain_soap(gw: LiveGateway) -> None:
