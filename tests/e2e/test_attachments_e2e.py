@@ -39,6 +39,7 @@ def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
         {**_xml("action"), "match": {"path_prefix": "/action/", "soap_action": "urn:upload"}},
         {"name": "plain", "match": {"path_prefix": "/plain/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
         route_doc(pki, "rsa", name="rsa", attachments=ACCEPT),
+        route_doc(pki, "rsa", name="rsa-inline", attachments={**ACCEPT, "to_client": "inline"}),
     ]
     return module_gateway(routes, workers=1)
 
@@ -100,6 +101,15 @@ def test_mtom_on_an_rsa_route_verified_and_attachments_intact(gw: LiveGateway, v
     assert bytes(mime.find(reply, "cid:a@test").body) == ATTACHMENT  # type: ignore[union-attr]
     env = client.open(bytes(reply.root.body), pending)  # the reply's root, signed by the gateway
     assert env.body.find(f".//{{{build.XOP}}}Include") is not None
+
+
+def test_an_mtom_reply_inlined_for_the_client_is_signed_as_inlined(gw: LiveGateway) -> None:
+    client = gw.client("rsa-inline")
+    secured, pending = client.secure(_echo_xop("1.1"))
+    r = _post(gw, "rsa-inline", *build.mtom({"a@test": ATTACHMENT}, root=secured))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/xml"), r.text[:300]
+    env = client.open(r.content, pending)  # the signature covers the base64 the client got
+    assert base64.b64decode(env.body.findtext(f".//{{{DEMO}}}text") or "") == ATTACHMENT
 
 
 def test_wsgate_client_sends_mtom_and_swa_and_saves_the_replys_attachments(gw: LiveGateway, tmp_path: Path) -> None:
