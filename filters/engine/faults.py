@@ -87,6 +87,7 @@ REASON_CLASSES: tuple[tuple[str, str], ...] = (
     ("security context store unavailable", "store unavailable"),
     ("key token unavailable", "token unavailable"),
     ("archive ", "archive"),  # the non-repudiation archive down, full, or the message over its limit
+    ("mime: ", "mime"),
 )
 LABELS = frozenset({*WSSE_CODES, *WSC_CODES, *(label for _, label in REASON_CLASSES), "malformed", "internal"})
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import hashlib
 import json
 import logging
 import random
@@ -27,14 +28,17 @@ import re
 import threading
 from collections.abc import Callable
 from copy import deepcopy
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from xml.sax.saxutils import escape
 
 from lxml import etree
 
-from filters.engine import ns
+from filters.engine import faults, ns
+from filters.engine.mime import package as mime
 from filters.engine.xml import xmlsupport
+from gateway.policy import MAX_BODY_BYTES, Attachments
 
 log = logging.getLogger("wsgate.demo_backend")
 
@@ -159,6 +163,26 @@ def handle_soap(body: bytes, content_type: str = "") -> tuple[int, str, bytes]:
     return status, _CONTENT_TYPES[version], payload
 
 
+# Whatever the gateway lets through: the gateway's checks are under test, not the backend's.
+_PACKAGE_LIMITS = Attachments(accept=True, max_parts=1000, max_part_bytes=MAX_BODY_BYTES)
+
+
+def handle_package(body: bytes, content_type: str) -> tuple[int, str, bytes]:
+    """An MTOM or SwA exchange: the root part answered as `handle_soap` answers it, the attachments sent back as
+    they came (an echo's xop:Include or cid: reference still names its part)."""
+    version = _version_from_content_type(content_type)
+    try:
+        package = mime.parse(content_type, body, _PACKAGE_LIMITS)
+    except faults.Fault as fault:
+        status, refusal = _fault(version, True, fault.reason)
+        return status, _CONTENT_TYPES[version], refusal
+    status, soap_type, answer = handle_soap(bytes(package.root.body), content_type)
+    if status != 200:
+        return status, soap_type, answer
+    root = mime.with_content(package.root, answer)
+    return status, content_type, mime.serialize(replace(package, root=root))
+
+
 def _exchange(body: bytes, content_type: str) -> tuple[str, int, bytes]:
     try:
         root = etree.fromstring(body, _PARSER)
@@ -269,9 +293,12 @@ class Received(NamedTuple):
     path: str
     headers: dict[str, str]
     body: bytes  # at most RECEIVED_BODY_LIMIT bytes
+    sha256: str  # of the whole body: tests compare binary bodies (attachments) byte for byte
+    length: int
 
     def as_json(self) -> dict[str, object]:
-        return {"path": self.path, "headers": self.headers, "body": self.body.decode("utf-8", "replace")}
+        return {"path": self.path, "headers": self.headers, "body": self.body.decode("utf-8", "replace"),
+                "sha256": self.sha256, "length": self.length}  # fmt: skip
 
 
 class DemoBackend:
@@ -360,8 +387,12 @@ class DemoBackend:
         self, method: str, target: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, str, bytes]:
         if method == "POST":
-            self.received.append(Received(target, headers, body[:RECEIVED_BODY_LIMIT]))
-            return handle_soap(body, headers.get("content-type", ""))
+            digest = hashlib.sha256(body).hexdigest()
+            self.received.append(Received(target, headers, body[:RECEIVED_BODY_LIMIT], digest, len(body)))
+            content_type = headers.get("content-type", "")
+            if mime.is_multipart(content_type):
+                return handle_package(body, content_type)
+            return handle_soap(body, content_type)
         if path == "/health" and method == "GET":
             return 200, "text/plain; charset=utf-8", b"ok"
         if path == "/_received" and method == "GET":

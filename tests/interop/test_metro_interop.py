@@ -62,15 +62,6 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def metro(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Metro]:
-    log = (tmp_path_factory.mktemp("metro") / "metro.log").open("wb")
-    client = Metro(log)
-    yield client
-    client.close()
-    log.close()
-
-
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path, gateway_keys: Keys) -> Iterator[Any]:
     """The gateway's keys in files, then in the token (each module-scoped gateway_keys param)."""
