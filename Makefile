@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
 PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: run run-hsm test test-compose test-fast lint format check render certs clean bench soak load wss4j metro
+.PHONY: run run-hsm test test-compose test-fast lint format check render certs clean bench soak load wss4j metro ratelimit
 
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
@@ -45,6 +45,19 @@ $(METRO_JAR): $(METRO)/pom.xml $(wildcard $(METRO)/src/main/java/wsgate/metro/*.
 
 metro: $(METRO_JAR)
 
+# The Envoy rate-limit service (quotas, docs/quotas.md): github.com/envoyproxy/ratelimit at the version
+# gateway/tools/ratelimit/go.mod pins (go.sum pins what it needs), built from the Go module proxy into a cache
+# directory that gateway/control/rate_limit.py looks in. Needs Go >= 1.21 (it fetches the toolchain go.mod names).
+RATELIMIT := gateway/tools/ratelimit
+RATELIMIT_VERSION := $(shell sed -n 's|^require github.com/envoyproxy/ratelimit ||p' $(RATELIMIT)/go.mod)
+RATELIMIT_BIN := $(or $(WSGATE_RATELIMIT_BIN),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/wsgate/ratelimit-$(RATELIMIT_VERSION)/ratelimit)
+export PATH := $(PATH):/usr/local/go/bin
+$(RATELIMIT_BIN): $(RATELIMIT)/go.mod $(RATELIMIT)/go.sum
+	@command -v go >/dev/null || { echo "go not found: quotas need the Envoy rate-limit service, built with Go >= 1.21 (README)"; exit 1; }
+	cd $(RATELIMIT) && GOFLAGS=-mod=readonly go build -trimpath -o $(RATELIMIT_BIN) github.com/envoyproxy/ratelimit/src/service_cmd
+
+ratelimit: $(RATELIMIT_BIN)
+
 run: $(STAMP)
 	$(BIN)/wsgate certs init
 	$(BIN)/wsgate up
@@ -54,7 +67,7 @@ run-hsm: $(STAMP)
 	$(BIN)/wsgate certs init --hsm
 	set -a && . certs/out/hsm.env && set +a && $(BIN)/wsgate up
 
-test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) lint
+test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) $(RATELIMIT_BIN) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
 

@@ -164,6 +164,11 @@ class Worker:
         """The one call from the frame into the engine. Never raises: a fault is an answer, and so is a bug (a
         generic fault: fail closed, the traceback only in the log)."""
         p = in_flight or InFlight(headers or {})
+        if phase == "response" and in_flight is None:
+            # No request of this exchange went through a worker: the reply is Envoy's own, made before ext_proc
+            # (a client-address quota's 429, already a SOAP fault), not a backend's. Envoy passes local replies
+            # through every filter's response side, this one's too.
+            return Answer.forward(None, [], p, None)
         try:
             if p.pipeline is None:
                 p.pipeline = self.engine.pipeline(route_name)

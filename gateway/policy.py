@@ -74,6 +74,9 @@ GRACE_SECONDS = 5.0
 # Where the shared Redis is, for every route whose store names none: set by `wsgate up` (its own Redis) or by the
 # deployment (Compose, Kubernetes); read by the stores (filters/stores/factory.py).
 REDIS_URL_ENV = "WSGATE_REDIS_URL"
+# The operation of a verified request (its signed wsa:Action or SOAPAction), set by the filter worker for Envoy's
+# rate-limit filter (per-operation quotas); clients cannot send it (x-wsgate-* is stripped on arrival).
+OPERATION_HEADER = "x-wsgate-operation"
 
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # the largest body limit a policy may set
@@ -337,6 +340,40 @@ class SchemaValidation(Strict):
         return self.requests or self.responses
 
 
+class Rate(Strict):
+    """Requests allowed per second and per day; either may be left out (docs/quotas.md)."""
+
+    per_second: int | None = Field(default=None, gt=0)
+    per_day: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _some(self) -> Rate:
+        if self.per_second is None and self.per_day is None:
+            raise ValueError("a rate needs per_second, per_day or both")
+        return self
+
+    def units(self) -> list[tuple[str, int]]:
+        """(the rate-limit service's unit, requests per unit) for each limit set."""
+        return [(u, n) for u, n in (("second", self.per_second), ("day", self.per_day)) if n is not None]
+
+
+class Quotas(Strict):
+    """Request quotas, counted by the Envoy rate-limit service across every gateway replica (docs/quotas.md).
+    `client_address`: every request, by client address, before any XML work (shapes anonymous floods);
+    `caller`: verified requests by the identity the gateway verified (the route's identity_header), counted only
+    once the credential is verified; `operations`: the same per operation (SOAPAction, or the signed wsa:Action);
+    `backend`: the route's verified requests, every caller together."""
+
+    client_address: Rate | None = None
+    caller: Rate | None = None
+    operations: dict[Annotated[str, Field(min_length=1, max_length=512)], Rate] = {}
+    backend: Rate | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return any((self.client_address, self.caller, self.operations, self.backend))
+
+
 class Route(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
     match: Match
@@ -361,6 +398,7 @@ class Route(Strict):
     secure_faults: bool = True  # sign/encrypt backend faults like other responses
     wsdl: WsdlPolicy | None = None
     schema_validation: SchemaValidation = SchemaValidation()
+    quotas: Quotas = Quotas()
 
     @property
     def touches_xml(self) -> bool:
@@ -388,6 +426,17 @@ class Route(Strict):
             raise FieldError("schema_validation", "validation needs a schema: wsdl.file or xsd_files")
         if not self.touches_xml:
             raise FieldError("schema_validation", f"the {self.profile} profile does not read messages: no validation")
+        return self
+
+    @model_validator(mode="after")
+    def _quota_identity(self) -> Route:
+        """Per-caller quotas count the identity the worker verified and sets in identity_header."""
+        q = self.quotas
+        field = "quotas.caller" if q.caller else "quotas.operations"
+        if (q.caller or q.operations) and not self.detects_replays:
+            raise FieldError(field, f"the {self.profile} profile verifies no caller: use client_address or backend")
+        if (q.caller or q.operations) and not self.identity_header:
+            raise FieldError(field, "per-caller quotas count the identity_header: set one")
         return self
 
     @model_validator(mode="after")

@@ -30,7 +30,7 @@ from filters.engine.wss.username_token import FailureThrottle, Users
 from filters.engine.xml import header_blocks
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import check_structure, parse_envelope
-from gateway.policy import HmacOptions, Route, RsaOptions
+from gateway.policy import OPERATION_HEADER, HmacOptions, Route, RsaOptions
 
 RESPONSE_TIMESTAMP_TTL_S = 300
 
@@ -120,6 +120,8 @@ class SecuredPipeline(RoutePipeline):
         header_blocks.enforce(env, verified.covers, route.unsigned_headers, headers)
         ex.security = verified
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
+        if route.quotas.operations and (op := header_blocks.operation(env, verified.covers, headers)):
+            out_headers[OPERATION_HEADER] = op  # read by Envoy's rate-limit filter, removed before the backend
         with metrics.stage(route, "serialize"):
             out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
         out.replay = verified.replay_keys

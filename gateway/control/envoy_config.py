@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from filters.engine.xml.wsdl import DocumentError
-from gateway.control import wsdl_publish
-from gateway.policy import Edge, PolicyError, PolicySet, Route
+from gateway.control import rate_limit, wsdl_publish
+from gateway.policy import OPERATION_HEADER, Edge, PolicyError, PolicySet, Route
 
 EXT_PROC = "envoy.filters.http.ext_proc"
 RBAC = "envoy.filters.http.rbac"
@@ -43,12 +43,14 @@ class Topology:
     max_connections: int = 50_000
     filter_timeout_ms: int = 3000  # RSA work at saturation needs more than Envoy's 200 ms default
     max_heap_mb: int = 1024  # Envoy's heap: over 95% of it, new requests get 503 (overload manager)
+    ratelimit: str = "127.0.0.1:8089"  # the Envoy rate-limit service's gRPC (routes with quotas)
 
 
 def compose_topology() -> Topology:
     return Topology(
         filter_endpoints=("filter:9000",),
         filter_dns=True,
+        ratelimit="ratelimit:8081",
         bind="0.0.0.0",
         certs_dir="/certs",
         config_dir="/config",
@@ -92,11 +94,16 @@ ENVOY_REPLIES: dict[int, str] = {
     408: "Request timeout",
     413: "Message too large",
     426: "This service requires HTTPS",
+    429: "Too many requests",
     431: "Request headers too large",
     503: "Service unavailable",
     504: "Service timed out",
 }
 FILTER_FAILURE_STATUS = 503
+RETRY_AFTER = {
+    "header": {"key": "retry-after", "value": "%RESP(x-ratelimit-reset)%"},
+    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+}
 # A backend response over the stream's buffer: Envoy answers 500 itself. To the client it is the same 502 as when
 # the filter refuses it first (filters.engine.faults.server's text): which one does depends on timing.
 RESPONSE_TOO_LARGE = "response.code_details == 'response_payload_too_large'"
@@ -131,15 +138,17 @@ def _local_reply_config() -> dict[str, Any]:
         status = {"status_code_filter": {"comparison": {
             "op": "EQ", "value": {"default_value": code, "runtime_key": f"wsgate.local_reply.{code}"}}}}  # fmt: skip
         sender = code < 500
+        # A quota refusal says when to come back: the rate-limit filter's x-ratelimit-reset (seconds).
+        retry = {"headers_to_add": [RETRY_AFTER]} if code == 429 else {}
         mappers.append({
-            "filter": {"and_filter": {"filters": [status, soap12_request]}},
+            "filter": {"and_filter": {"filters": [status, soap12_request]}}, **retry,
             "body_format_override": {
                 "text_format_source": {"inline_string": _soap_fault("1.2", "env:Sender" if sender else "env:Receiver", text)},
                 "content_type": "application/soap+xml; charset=utf-8",
             },
         })  # fmt: skip
         mappers.append({
-            "filter": status,
+            "filter": status, **retry,
             "body_format_override": {
                 "text_format_source": {"inline_string": _soap_fault("1.1", "soap:Client" if sender else "soap:Server", text)},
                 "content_type": "text/xml; charset=utf-8",
@@ -228,6 +237,8 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
             entries.append(entry)
             continue
         entry["route"] = {"cluster": f"upstream_{route.name}", "timeout": f"{route.upstream.timeout_s:g}s"}
+        if route.quotas.enabled:
+            entry["route"]["rate_limits"] = rate_limit.route_rate_limits(route)
         if route.touches_xml:
             # The filter needs whole bodies: Envoy buffers up to this route's own limit (413 or 502 beyond).
             entry["request_body_buffer_limit"] = max(route.limits.max_body_bytes, route.response_limits.max_body_bytes)
@@ -238,14 +249,18 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
                 "overrides": {"grpc_initial_metadata": [{"key": ROUTE_METADATA, "value": route.name}]},
             }
         entry["typed_per_filter_config"] = per_filter
+        # The worker's operation header is for the rate-limit filter only (removed by the router, after it).
+        quota_only = [OPERATION_HEADER] if route.quotas.operations else []
+        if quota_only:
+            entry["request_headers_to_remove"] = quota_only
         if route.tls.subject_header and tls_listener:
-            entry["request_headers_to_remove"] = [route.tls.subject_header]
+            entry["request_headers_to_remove"] = [route.tls.subject_header, *quota_only]
             entry["request_headers_to_add"] = [
                 {"header": {"key": route.tls.subject_header, "value": "%DOWNSTREAM_PEER_SUBJECT%"},
                  "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
             ]  # fmt: skip
         elif route.tls.subject_header:
-            entry["request_headers_to_remove"] = [route.tls.subject_header]
+            entry["request_headers_to_remove"] = [route.tls.subject_header, *quota_only]
         entries.append(entry)
     return entries + refusals
 
@@ -344,7 +359,10 @@ def _http_connection_manager(
         "direct_response": {"status": 404},
         "typed_per_filter_config": _DISABLED,
     })  # fmt: skip
-    http_filters: list[dict[str, Any]] = [
+    quotas = rate_limit.enabled(policies)
+    # Client-address quotas before ext_proc (no XML work for a shaped flood), caller quotas after it (verified).
+    http_filters: list[dict[str, Any]] = [rate_limit.http_filter(rate_limit.ADDRESS_STAGE)] if quotas else []
+    http_filters += [
         {
             "name": EXT_PROC,
             # Only on the routes that enable it (XML routes): a request refused before routing (an escaped slash)
@@ -382,6 +400,8 @@ def _http_connection_manager(
             "name": RBAC,
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"},
         })  # fmt: skip
+    if quotas:
+        http_filters.append(rate_limit.http_filter(rate_limit.CALLER_STAGE))
     http_filters.append(
         {"name": "envoy.filters.http.router",
          "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
@@ -486,6 +506,14 @@ def _cluster(name: str, endpoints: list[str], dns: bool) -> dict[str, Any]:
     }
 
 
+_HTTP2 = {
+    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+}
+
+
 def _filter_endpoints(topo: Topology) -> dict[str, Any]:
     return {
         "cluster_name": FILTER_CLUSTER,
@@ -522,6 +550,10 @@ def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
         }
     }  # fmt: skip
     clusters = [filt]
+    if rate_limit.enabled(policies):
+        rls = _cluster(rate_limit.CLUSTER, [topo.ratelimit], dns=topo.filter_dns)
+        rls["typed_extension_protocol_options"] = _HTTP2
+        clusters.append(rls)
     for r in policies.routes:
         c = _cluster(f"upstream_{r.name}", [r.upstream.address], dns=False)
         c["per_connection_buffer_limit_bytes"] = r.response_limits.max_body_bytes + 65536
