@@ -12,7 +12,7 @@ from pathlib import Path
 
 from certs import hsm, pki, rotate
 from filters.engine.wss import inventory
-from gateway.control import envoy_config, published_policy
+from gateway.control import envoy_config, published_policy, rate_limit
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet
@@ -134,9 +134,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.out:
         envoy_config.write(files, args.out)
         print(f"wrote {', '.join(sorted(files))} to {args.out}", file=sys.stderr)
+        if rate_limit.enabled(ps):  # the rate-limit service's RUNTIME_ROOT (docs/quotas.md)
+            rate_limit.write(ps, args.out / "ratelimit")
+            print(f"wrote ratelimit/{rate_limit.CONFIG_FILE} to {args.out}", file=sys.stderr)
     else:
         for name in files:
             sys.stdout.write(f"# ---- {name}\n{files[name]}")
+        if rate_limit.enabled(ps):
+            sys.stdout.write(f"# ---- ratelimit/{rate_limit.CONFIG_FILE}\n{rate_limit.service_config(ps)}")
     return 0
 
 

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -132,11 +133,13 @@ def environment(grpc: str, runtime_root: Path, redis_url: str) -> dict[str, str]
     """The service's settings (it reads only its environment): gRPC on `grpc` (host:port), its configuration
     under `runtime_root`, counters in `redis_url` (redis://host:port[/db] or unix:///path)."""
     host, port = grpc.rsplit(":", 1)
-    if redis_url.startswith("unix://"):
-        redis = {"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": redis_url.removeprefix("unix://").split("?")[0]}
+    url = urlsplit(redis_url)
+    if url.scheme == "unix":
+        redis = {"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": url.path}
     else:
-        netloc = redis_url.split("://", 1)[1].split("/", 1)[0]
-        redis = {"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": netloc.rsplit("@", 1)[-1]}
+        redis = {"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": f"{url.hostname}:{url.port or 6379}"}
+    if url.password:
+        redis["REDIS_AUTH"] = url.password
     return {
         "GRPC_HOST": host.strip("[]"),
         "GRPC_PORT": port,
