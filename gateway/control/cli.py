@@ -124,6 +124,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     if ps is None:
         return 1
     if args.target == "compose":
+        if rate_limit.enabled(ps):
+            print("wsgate render: quotas are not in the Compose stack yet (docs/quotas.md)", file=sys.stderr)
+            return 1
         topo = envoy_config.compose_topology()
     else:
         topo = envoy_config.Topology(

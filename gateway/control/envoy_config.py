@@ -50,7 +50,6 @@ def compose_topology() -> Topology:
     return Topology(
         filter_endpoints=("filter:9000",),
         filter_dns=True,
-        ratelimit="ratelimit:8081",
         bind="0.0.0.0",
         certs_dir="/certs",
         config_dir="/config",

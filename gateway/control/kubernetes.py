@@ -25,7 +25,7 @@ import yaml
 
 from certs import pki
 from filters.engine.xml import wsdl
-from gateway.control import envoy_config
+from gateway.control import envoy_config, rate_limit
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, GRACE_SECONDS, REDIS_URL_ENV, PolicyError, PolicySet, Route
 
 NAMESPACE = "wsgate"
@@ -506,6 +506,10 @@ def kustomization(resources: list[str], envoy_keys: list[str], filter_keys: list
 def render(policies: PolicySet, policies_dir: Path, opts: Options) -> dict[str, str]:
     """DIR's files (relative path -> text): kustomization.yaml, one manifest file per part, keys/.gitignore."""
     _check_shared_state(policies)
+    if rate_limit.enabled(policies):  # fail at render time rather than 503 every quota-checked request
+        raise PolicyError(
+            "quotas are not rendered for Kubernetes yet (no rate-limit service Deployment): docs/quotas.md"
+        )
     topo = topology()
     texts = {p.name: p.read_text() for p in sorted(Path(policies_dir).glob("*.y*ml")) if p.suffix in (".yaml", ".yml")}
     envoy = envoy_objects(policies, topo, opts)

@@ -36,7 +36,7 @@ def test_caller_quotas_on_a_profile_that_verifies_no_caller_are_refused(tmp_path
     doc = {"name": "plain", "match": {"path_prefix": "/p/"}, "upstream": {"address": "127.0.0.1:1"},
            "profile": "xml", "quotas": {"caller": {"per_second": 1}}}  # fmt: skip
     (tmp_path / "p.yaml").write_text(yaml.safe_dump({"routes": [doc]}))
-    with pytest.raises(PolicyError, match="route plain: field quotas.caller: the xml profile verifies no caller"):
+    with pytest.raises(PolicyError, match=r"route plain: field quotas\.caller: the xml profile verifies no caller"):
         load_dir(tmp_path)
     doc["quotas"] = {"client_address": {"per_second": 1}, "backend": {"per_day": 10}}  # counted without a caller
     (tmp_path / "p.yaml").write_text(yaml.safe_dump({"routes": [doc]}))
@@ -122,8 +122,12 @@ def test_envoy_accepts_the_quota_configuration(tmp_path: Path, pki: Path) -> Non
     ("blocks", "covers", "headers", "expected"),
     [
         (f'<wsa:Action xmlns:wsa="{ns.WSA}">urn:signed</wsa:Action>', ("Action",), {}, "urn:signed"),
-        (f'<wsa:Action xmlns:wsa="{ns.WSA}">urn:signed</wsa:Action>', ("Action",), {"soapaction": '"urn:signed"'},
-         "urn:signed"),
+        (
+            f'<wsa:Action xmlns:wsa="{ns.WSA}">urn:signed</wsa:Action>',
+            ("Action",),
+            {"soapaction": '"urn:signed"'},
+            "urn:signed",
+        ),
         ("", (), {"soapaction": '"urn:claimed"'}, "urn:claimed"),
         ("", (), {"content-type": 'application/soap+xml; action="urn:twelve"'}, "urn:twelve"),
         # An unsigned wsa:Action names nothing; a value that is not a plain header value is not counted under.
@@ -158,3 +162,16 @@ def test_render_writes_the_service_configuration_beside_envoys(tmp_path: Path, p
     subprocess.run([wsgate, "render", "--policies", policies_dir, "--out", out], check=True, capture_output=True)
     written = out / "ratelimit" / rate_limit.CONFIG_FILE
     assert written.read_text() == rate_limit.service_config(load_dir(policies_dir))
+
+
+def test_targets_without_a_rate_limit_service_refuse_quotas(tmp_path: Path, pki: Path) -> None:
+    policies_dir = tmp_path / "policies"
+    policies_dir.mkdir()
+    doc = route_doc(pki, "rsa", name="rsa", quotas=QUOTAS, replay={"store": "redis"})
+    doc["upstream"] = {"address": "127.0.0.1:1"}
+    (policies_dir / "r.yaml").write_text(yaml.safe_dump({"routes": [doc]}))
+    wsgate = Path(sys.executable).with_name("wsgate")
+    for target in ("compose", "kubernetes"):
+        run = subprocess.run([wsgate, "render", "--policies", policies_dir, "--target", target, "--out",
+                              tmp_path / target], capture_output=True, text=True)  # fmt: skip
+        assert run.returncode == 1 and "quotas are not" in run.stderr, run.stderr
