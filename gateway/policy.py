@@ -463,6 +463,17 @@ class Route(Strict):
         )
 
 
+class Tracing(Strict):
+    """OpenTelemetry traces of requests (docs/tracing.md): Envoy's spans and the filter workers' stage spans, sent
+    over OTLP/HTTP to `collector` (host:port, e.g. the collector's 4318). `sampling_percent` of the requests Envoy
+    starts a trace for; a W3C traceparent is taken only from `trusted_callers` (CIDR ranges of the peer address:
+    the proxy in front when there is one), and dropped from anyone else."""
+
+    collector: str = Field(pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+    sampling_percent: float = Field(default=1.0, ge=0, le=100)
+    trusted_callers: list[Annotated[str, Field(pattern=r"^[0-9A-Fa-f:.]+/\d{1,3}$")]] = []
+
+
 class Edge(Strict):
     """Envoy's per-listener settings (both listeners), against slow and lying clients. At most one policy file
     sets `edge:`; the defaults hold without it."""
@@ -483,6 +494,7 @@ class Edge(Strict):
     # The gateway's URL as clients reach it (scheme, host, port; no path), written into published WSDLs. Never
     # the request's Host header (the client chooses it). None: the listener's own address (docs/interop.md).
     public_url: str | None = Field(default=None, pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
+    tracing: Tracing | None = None  # off unless set
 
 
 class PolicyFile(Strict):

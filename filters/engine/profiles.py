@@ -231,7 +231,8 @@ class SecureConversationPipeline(SecuredPipeline):
             # Issue and Cancel change the context store: their replay keys are settled first, here (rare messages).
             if isinstance(self.credentials.replay, DeferredReplay):
                 self.credentials.replay.settle(verified.replay_keys, verified.replay_since_ms)
-            return self._answer(ws_trust.parse_rst(rst), env, verified, headers, now)
+            with metrics.stage(route, "secure_conversation"):
+                return self._answer(ws_trust.parse_rst(rst), env, verified, headers, now)
         if verified.context is None:
             raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")
         return self.deliver(env, verified, verified.context.subject, headers, ex)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from filters.engine.xml.wsdl import DocumentError
-from gateway.control import rate_limit, wsdl_publish
+from gateway.control import rate_limit, tracing, wsdl_publish
 from gateway.policy import OPERATION_HEADER, Edge, PolicyError, PolicySet, Route
 
 EXT_PROC = "envoy.filters.http.ext_proc"
@@ -290,10 +290,12 @@ FORWARDING_PREFIX = "x-forwarded-"
 ODD_HEADER_NAME = r"[^:a-z0-9-].*|[^:].*[^a-z0-9-].*"  # x-forwarded-for/-proto/-host/-port/-client-cert...
 
 
-def _early_header_mutation(policies: PolicySet) -> dict[str, Any]:
+def _early_header_mutation(policies: PolicySet, trusted_trace: bool) -> dict[str, Any]:
     edge = policies.edge
     prefixes = [*GATEWAY_HEADER_PREFIXES]
     names = {"x-forwarded-client-cert"}
+    if edge.tracing and not trusted_trace:  # only trusted callers choose or join a trace
+        names |= set(tracing.TRACE_HEADERS)
     if edge.xff_num_trusted_hops == 0:
         # No proxy in front: the client's forwarding claims are dropped, Envoy writes x-forwarded-for/-proto itself.
         prefixes.append(FORWARDING_PREFIX)
@@ -343,7 +345,7 @@ def _edge_settings(edge: Edge) -> dict[str, Any]:
 
 
 def _http_connection_manager(
-    policies: PolicySet, topo: Topology, tls_listener: bool, published: Published
+    policies: PolicySet, topo: Topology, tls_listener: bool, published: Published, trusted_trace: bool = False
 ) -> dict[str, Any]:
     name = "https" if tls_listener else "http"
     refused = {"name": "ambiguous-path", "match": {"safe_regex": {"regex": AMBIGUOUS_PATH}},
@@ -413,7 +415,8 @@ def _http_connection_manager(
             "codec_type": "AUTO",
             "server_header_transformation": "PASS_THROUGH",
             **_edge_settings(policies.edge),
-            "early_header_mutation_extensions": [_early_header_mutation(policies)],
+            "early_header_mutation_extensions": [_early_header_mutation(policies, trusted_trace)],
+            **({"tracing": tracing.connection_manager(policies.edge.tracing)} if policies.edge.tracing else {}),
             "route_config": {
                 "name": f"{name}_routes",
                 # Envoy applies lds.yaml and cds.yaml in no fixed order: a new route's listener update must not be
@@ -451,22 +454,32 @@ def _max_body(policies: PolicySet) -> int:
 def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
     buffer_limit = CONNECTION_BUFFER_BYTES
     published = _published(policies, topo)
+    trusted = tracing.trusted_match(policies.edge.tracing)
+
+    def chains(tls_listener: bool, **chain: Any) -> list[dict[str, Any]]:
+        """The listener's filter chain; with trusted tracing callers, first a copy for them that keeps their
+        trace headers (Envoy picks the most specific match: theirs, else the default)."""
+
+        def hcm(trust: bool) -> dict[str, Any]:
+            return _http_connection_manager(policies, topo, tls_listener, published, trusted_trace=trust)
+
+        default = {"filters": [hcm(False)], **chain}
+        return [{"filter_chain_match": trusted, "filters": [hcm(True)], **chain}, default] if trusted else [default]
+
     plain = {
         "name": "http",
         "address": _address(f"{topo.bind}:{topo.http_port}"),
         "per_connection_buffer_limit_bytes": buffer_limit,
-        "filter_chains": [
-            {"filters": [_http_connection_manager(policies, topo, tls_listener=False, published=published)]}
-        ],
+        "filter_chains": chains(tls_listener=False),
     }
     certs = topo.certs_dir
     tls = {
         "name": "https",
         "address": _address(f"{topo.bind}:{topo.https_port}"),
         "per_connection_buffer_limit_bytes": buffer_limit,
-        "filter_chains": [
-            {
-                "filters": [_http_connection_manager(policies, topo, tls_listener=True, published=published)],
+        "filter_chains": chains(
+            tls_listener=True,
+            **{
                 "transport_socket": {
                     "name": "envoy.transport_sockets.tls",
                     "typed_config": {
@@ -485,8 +498,8 @@ def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
                         "require_client_certificate": False,
                     },
                 },
-            }
-        ],
+            },
+        ),
     }
     return [plain, tls]
 
@@ -549,6 +562,8 @@ def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
         }
     }  # fmt: skip
     clusters = [filt]
+    if policies.edge.tracing:
+        clusters.append(_cluster(tracing.CLUSTER, [policies.edge.tracing.collector], dns=topo.filter_dns))
     if rate_limit.enabled(policies):
         rls = _cluster(rate_limit.CLUSTER, [topo.ratelimit], dns=topo.filter_dns)
         rls["typed_extension_protocol_options"] = _HTTP2
