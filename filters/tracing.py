@@ -76,7 +76,7 @@ class Tracer:
         if not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
             return None
         attributes = {"wsgate.route": route, "wsgate.profile": profile, "wsgate.phase": phase}
-        span = self.tracer.start_span(f"wsgate {phase}", context=parent, attributes=attributes)
+        span = self.tracer.start_span(f"wsgate.{phase}", context=parent, attributes=attributes)
         return PhaseSpans(self.tracer, span)
 
     def shutdown(self) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from certs import hsm, pki, rotate
 from filters.engine.wss import inventory
-from gateway.control import envoy_config, published_policy, rate_limit
+from gateway.control import envoy_config, monitoring, published_policy, rate_limit
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet
@@ -136,7 +136,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     files = envoy_config.render(ps, topo)
     if args.out:
         envoy_config.write(files, args.out)
-        print(f"wrote {', '.join(sorted(files))} to {args.out}", file=sys.stderr)
+        for name, text in monitoring.render().items():  # the dashboard and alerts (docs/operations.md)
+            (args.out / name).write_text(text)
+        print(f"wrote {', '.join(sorted([*files, *monitoring.render()]))} to {args.out}", file=sys.stderr)
         if rate_limit.enabled(ps):  # the rate-limit service's RUNTIME_ROOT (docs/quotas.md)
             rate_limit.write(ps, args.out / "ratelimit")
             print(f"wrote ratelimit/{rate_limit.CONFIG_FILE} to {args.out}", file=sys.stderr)

@@ -107,7 +107,7 @@ def test_the_workers_stage_spans_are_children_of_envoys_span(pki: Path) -> None:
         metrics.hook[0] = None
     spans.finish("FailedCheck")
     by_name = {s.name: s for s in exported.get_finished_spans()}
-    phase, header, check = by_name["wsgate request"], by_name["security_header"], by_name["signature_check"]
+    phase, header, check = by_name["wsgate.request"], by_name["security_header"], by_name["signature_check"]
     assert phase.context.trace_id == int(SAMPLED.split("-")[1], 16)
     assert phase.parent.span_id == int(SAMPLED.split("-")[2], 16)  # Envoy's ext_proc span
     assert header.parent.span_id == phase.context.span_id and check.parent.span_id == header.context.span_id
@@ -120,5 +120,6 @@ def test_the_workers_stage_spans_are_children_of_envoys_span(pki: Path) -> None:
 def test_no_span_unless_envoy_samples_the_exchange(headers: dict[str, str]) -> None:
     tracer, exported = worker_tracer()
     assert tracer.start(headers, "rsa", "rsa", "request") is None
+    assert exported.get_finished_spans() == ()
     assert worker_tracing.Tracer(None).start({"traceparent": SAMPLED}, "rsa", "rsa", "request") is None
     tracer.shutdown()
