@@ -19,6 +19,7 @@ from tests.support.wss_helpers import make_route, route_doc
 from tests.unit.test_envoy_config import assert_envoy_accepts
 from tests.unit.test_header_blocks import env_with, signed
 
+REPO = Path(__file__).resolve().parents[2]
 QUOTAS = {
     "client_address": {"per_second": 20},
     "caller": {"per_second": 5, "per_day": 1000},
@@ -175,3 +176,15 @@ def test_targets_without_a_rate_limit_service_refuse_quotas(tmp_path: Path, pki:
         run = subprocess.run([wsgate, "render", "--policies", policies_dir, "--target", target, "--out",
                               tmp_path / target], capture_output=True, text=True)  # fmt: skip
         assert run.returncode == 1 and "quotas are not" in run.stderr, run.stderr
+
+
+def test_the_bench_variant_counts_every_request_and_refuses_none(tmp_path: Path, monkeypatch) -> None:
+    from loadtest import variants
+
+    monkeypatch.setenv("WSGATE_BENCH_CERTS", "certs/out")
+    out = variants.write(REPO / "loadtest" / "policies", tmp_path, "127.0.0.1:4318", 1.0, quotas=True)
+    ps = load_dir(out)
+    assert ps.edge.tracing is not None and ps.edge.tracing.sampling_percent == 1.0
+    for r in ps.routes:
+        assert r.quotas.client_address and r.quotas.backend
+        assert (r.quotas.caller is not None) == r.detects_replays
