@@ -434,13 +434,19 @@ def _upstream_egress(routes: list[Route], opts: Options) -> list[dict[str, Any]]
     for host, port in sorted({(r.upstream.host, r.upstream.port) for r in routes}):
         if opts.demo_backend and host == BACKEND and port == BACKEND_PORT:
             rule = {"to": [_pods_of(BACKEND)], "ports": _tcp(port)}
-        elif envoy_config.is_ip(host):
-            rule = {"to": [{"ipBlock": {"cidr": str(ipaddress.ip_network(host))}}], "ports": _tcp(port)}
         else:
-            rule = {"ports": _tcp(port)}
+            rule = _egress_to(host, port)
         if rule not in rules:
             rules.append(rule)
     return rules
+
+
+def _egress_to(host: str, port: int | str) -> dict[str, Any]:
+    """To `host`:`port`: the address itself when it is one, else the port anywhere (a policy cannot name a host)."""
+    host = host.strip("[]")
+    if envoy_config.is_ip(host):
+        return {"to": [{"ipBlock": {"cidr": str(ipaddress.ip_network(host))}}], "ports": _tcp(int(port))}
+    return {"ports": _tcp(int(port))}
 
 
 def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Options) -> list[dict[str, Any]]:
@@ -453,12 +459,15 @@ def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Opt
         to_redis = {"to": [_pods_of(REDIS)], "ports": _tcp(REDIS_PORT)}
     else:
         to_redis = {"ports": _tcp(opts.external_redis_port)}
+    # Both send spans to the trace collector (edge.tracing, docs/tracing.md): by address when it is one.
+    collector = policies.edge.tracing.collector if policies.edge.tracing else None
+    traces = [] if collector is None else [_egress_to(*collector.rsplit(":", 1))]
     out = [
         _network_policy("default-deny", {}, ingress=[], egress=[]),
         _network_policy(ENVOY, _pods_of(ENVOY)["podSelector"], ingress=[{"ports": _tcp(topo.http_port, topo.https_port)}],
-                        egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(policies.routes, opts), dns]),
+                        egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(policies.routes, opts), dns, *traces]),
         _network_policy(FILTER, _pods_of(FILTER)["podSelector"],
-                        ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(FILTER_PORT)}], egress=[to_redis, dns]),
+                        ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(FILTER_PORT)}], egress=[to_redis, dns, *traces]),
     ]  # fmt: skip
     if opts.redis == "demo":
         out.append(_network_policy(REDIS, _pods_of(REDIS)["podSelector"],

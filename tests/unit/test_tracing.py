@@ -123,3 +123,15 @@ def test_no_span_unless_envoy_samples_the_exchange(headers: dict[str, str]) -> N
     assert exported.get_finished_spans() == ()
     assert worker_tracing.Tracer(None).start({"traceparent": SAMPLED}, "rsa", "rsa", "request") is None
     tracer.shutdown()
+
+
+def test_kubernetes_lets_envoy_and_the_filters_reach_the_collector_only(pki: Path) -> None:
+    from gateway.control import kubernetes
+
+    route = make_route(pki, "rsa", name="rsa", replay={"store": "redis"})
+    policies = PolicySet(routes=[route], sources={"rsa": "r"}, edge=Edge(tracing=Tracing(collector="10.9.8.7:4318")))
+    found = {p["metadata"]["name"]: p["spec"].get("egress", []) for p in
+             kubernetes.network_policies(policies, kubernetes.topology(), kubernetes.Options())}  # fmt: skip
+    to_collector = {"to": [{"ipBlock": {"cidr": "10.9.8.7/32"}}], "ports": [{"protocol": "TCP", "port": 4318}]}
+    assert to_collector in found[kubernetes.ENVOY] and to_collector in found[kubernetes.FILTER]
+    assert to_collector not in found.get(kubernetes.REDIS, [])
