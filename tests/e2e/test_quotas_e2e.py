@@ -113,3 +113,17 @@ def test_two_gateway_instances_share_one_callers_quota(
         assert [g.post("shared", alice.secure(echo("hi"))[0]).status_code for g in both] == [200] * 4
         for g in (first, second):
             assert_quota_fault(g.post("shared", alice.secure(echo("over"))[0]))
+
+
+def test_without_the_rate_limit_service_quota_checked_requests_are_refused(gateway: GatewayFactory, pki: Path) -> None:
+    with gateway([quota_route(pki, "rsa", caller={"per_second": 100})]) as g:
+        alice = g.client("rsa")
+        assert g.post("rsa", alice.secure(echo("before"))[0]).status_code == 200
+        g.ratelimit.kill()
+        g.ratelimit.wait()
+        g.clear()
+        down = g.post("rsa", alice.secure(echo("unmetered?"))[0])
+        assert down.status_code == 503 and b"Service unavailable" in down.content  # fail closed, a SOAP fault
+        assert g.received() == []
+        g.supervise_once()  # the supervisor starts it again
+        assert g.post("rsa", alice.secure(echo("after"))[0]).status_code == 200
