@@ -121,6 +121,7 @@ def http_filter(stage: int) -> dict[str, Any]:
             "status_on_error": {"code": "ServiceUnavailable"},
             # x-ratelimit-limit/-remaining/-reset on answers: Retry-After on a 429 is taken from -reset.
             "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
+            "disable_x_envoy_ratelimited_header": True,  # x-envoy-*: Envoy's own, never shown to clients
             "rate_limit_service": {
                 "grpc_service": {"envoy_grpc": {"cluster_name": CLUSTER}},
                 "transport_api_version": "V3",

@@ -27,6 +27,7 @@ def quota_route(pki: Path, name: str, **quotas: object) -> dict:
 def assert_quota_fault(resp: requests.Response, version: str = "1.1") -> None:
     assert resp.status_code == 429
     assert int(resp.headers["retry-after"]) >= 0
+    assert not any(h.lower().startswith("x-envoy-") for h in resp.headers)
     root = etree.fromstring(resp.content)
     assert root.tag == f"{{{SOAP12 if version == '1.2' else SOAP11}}}Envelope"
     assert b"Too many requests" in resp.content
