@@ -405,7 +405,9 @@ def _http_connection_manager(
         http_filters.append(rate_limit.http_filter(rate_limit.CALLER_STAGE))
     http_filters.append(
         {"name": "envoy.filters.http.router",
-         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+                          # Traced: the backend's time is a span of its own.
+                          **({"start_child_span": True} if policies.edge.tracing else {})}}
     )  # fmt: skip
     return {
         "name": "envoy.filters.network.http_connection_manager",

@@ -60,6 +60,10 @@ def test_one_trace_holds_envoys_and_the_workers_stage_spans(traced: LiveGateway,
     ext_proc = by_id[request["references"][0]["spanID"]]
     assert who[request["processID"]] == "wsgate-filter" and who[ext_proc["processID"]] == "wsgate-envoy"
     assert "ExternalProcessor" in ext_proc["operationName"]
+    ingress = by_id[ext_proc["references"][0]["spanID"]]
+    assert ingress["operationName"] == "ingress" and ingress["references"][0]["spanID"] == parent.split("-")[2]
+    upstream = next(s for s in trace["spans"] if s["operationName"] == "router upstream_rsa egress")
+    assert upstream["references"][0]["spanID"] == ingress["spanID"]  # the backend's time, in the same trace
     stage = next(s for s in trace["spans"] if s["operationName"] == "signature_check")
     assert by_id[stage["references"][0]["spanID"]]["operationName"] == "security_header"
     # Nothing of the message, the caller or a key: only fixed-set attributes.

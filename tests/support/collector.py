@@ -91,5 +91,9 @@ def jaeger(tmp: Path) -> Iterator[Collector]:
         yield Collector(otlp=f"127.0.0.1:{otlp}", query=f"http://127.0.0.1:{query}")
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:  # its HTTP servers drain idle keep-alive connections first
+            proc.kill()
+            proc.wait()
         log.close()
