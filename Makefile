@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # cargo test links the frame's tests against libpython (pyenv's is not on the loader's path).
 PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
 
-.PHONY: run run-hsm test test-compose test-fast lint format check render certs clean bench soak load wss4j metro
+.PHONY: run run-hsm test test-compose test-fast lint format check render certs clean bench soak load wss4j metro ratelimit jaeger
 
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
@@ -45,6 +45,29 @@ $(METRO_JAR): $(METRO)/pom.xml $(wildcard $(METRO)/src/main/java/wsgate/metro/*.
 
 metro: $(METRO_JAR)
 
+# Go tools, each pinned by a small module (its go.mod names the version, its go.sum every module it needs), built
+# from the Go module proxy into a cache directory (Go >= 1.21: it fetches the toolchain go.mod names; .ci/run
+# provides one): the Envoy rate-limit service (quotas, docs/quotas.md; gateway/control/rate_limit.py looks for it
+# at the same path) and Jaeger, the collector of the tracing tests (tests/support/collector.py).
+export PATH := $(PATH):/usr/local/go/bin
+GO_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/wsgate
+go_version = $(shell sed -n 's|^require $(1) ||p' $(2)/go.mod)
+define go_build
+@command -v go >/dev/null || { echo "go not found: $@ is built with Go >= 1.21 (README)"; exit 1; }
+cd $(1) && GOFLAGS=-mod=readonly go build -trimpath -o $@ $(2)
+endef
+RATELIMIT := gateway/tools/ratelimit
+RATELIMIT_BIN := $(or $(WSGATE_RATELIMIT_BIN),$(GO_CACHE)/ratelimit-$(call go_version,github.com/envoyproxy/ratelimit,$(RATELIMIT))/ratelimit)
+$(RATELIMIT_BIN): $(RATELIMIT)/go.mod $(RATELIMIT)/go.sum
+	$(call go_build,$(RATELIMIT),github.com/envoyproxy/ratelimit/src/service_cmd)
+JAEGER := tests/support/jaeger
+JAEGER_BIN := $(GO_CACHE)/jaeger-$(call go_version,github.com/jaegertracing/jaeger,$(JAEGER))/jaeger
+$(JAEGER_BIN): $(JAEGER)/go.mod $(JAEGER)/go.sum
+	$(call go_build,$(JAEGER),github.com/jaegertracing/jaeger/cmd/jaeger)
+
+ratelimit: $(RATELIMIT_BIN)
+jaeger: $(JAEGER_BIN)
+
 run: $(STAMP)
 	$(BIN)/wsgate certs init
 	$(BIN)/wsgate up
@@ -54,7 +77,7 @@ run-hsm: $(STAMP)
 	$(BIN)/wsgate certs init --hsm
 	set -a && . certs/out/hsm.env && set +a && $(BIN)/wsgate up
 
-test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) lint
+test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) $(RATELIMIT_BIN) $(JAEGER_BIN) lint
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python LD_LIBRARY_PATH=$(PYLIB) cargo test -q --release --locked
 	$(BIN)/pytest -q
 

@@ -40,6 +40,7 @@ from filters.engine.xml.xmlsupport import check_libxml2
 from filters.stores.archive.writer import Archives
 from filters.stores.factory import RouteStores
 from filters.stores.replay import EPOCH_KEY, DeferredRedisReplay
+from filters.tracing import Tracer
 from gateway.policy import (
     DEFAULT_BODY_BUDGET_MB,
     GRACE_SECONDS,
@@ -48,6 +49,7 @@ from gateway.policy import (
     check_body_budget,
     load_dir,
 )
+from gateway.policy import Tracing as TracingPolicy
 
 log = logging.getLogger("wsgate.filter")
 
@@ -90,6 +92,13 @@ class InFlight:
     replay: list[DeferredKey] = field(default_factory=list)  # the keys the frame sets, with their refusals
 
 
+class _Refused(Exception):
+    """A phase's refusal on its way out of `_handle`: the answer, and its bounded reason code for the span."""
+
+    def __init__(self, reason: str, answer: Answer) -> None:
+        self.reason, self.answer = reason, answer
+
+
 class Worker:
     """What the frame calls back: `handle` per body phase, `refused` per refusal of its own, `replay_refused` when
     its replay check refuses, `reload` on SIGHUP, `ready` once it listens. Everything runs on the worker's one
@@ -100,15 +109,16 @@ class Worker:
         self.budget_bytes = budget_bytes
         self.ready_file = ready_file
         self.archives = Archives()
-        self.engine = self._load()
+        self.engine, tracing = self._load()
+        self.tracer = Tracer(tracing)
         self.routes = set(self.engine.pipelines)  # the policies' own routes (without those kept from before)
         self.reloads = 0
 
-    def _load(self) -> Engine:
+    def _load(self) -> tuple[Engine, TracingPolicy | None]:
         policies = check_body_budget(load_dir(self.policies_dir), self.budget_bytes)
         engine = Engine(policies, RouteStores(defer_replay=True))
         self.archives.configure(policies.routes)
-        return engine
+        return engine, policies.edge.tracing
 
     def table(self) -> Table:
         routes = {
@@ -134,7 +144,7 @@ class Worker:
     def reload(self) -> Table | None:
         self.reloads += 1
         try:
-            engine = self._load()
+            engine, tracing = self._load()
         except (PolicyError, OSError, faults.Fault) as exc:
             log.error("policy reload refused, keeping the running policies: %s", exc)
             return None
@@ -145,6 +155,9 @@ class Worker:
         for name in self.routes - routes:
             engine.pipelines[name] = self.engine.pipelines[name]
         self.engine, self.routes = engine, routes
+        if tracing != self.tracer.policy:
+            self.tracer.shutdown()
+            self.tracer = Tracer(tracing)
         log.info("policies reloaded from %s", self.policies_dir)
         return self.table()
 
@@ -170,6 +183,25 @@ class Worker:
         response's). Never raises: a fault is an answer, and so is a bug (a generic fault: fail closed, the
         traceback only in the log)."""
         p = in_flight or InFlight(headers)
+        if phase == "response" and in_flight is None:
+            # No request of this exchange went through a worker: the reply is Envoy's own, made before ext_proc
+            # (a client-address quota's 429, already a SOAP fault), not a backend's. Envoy passes local replies
+            # through every filter's response side, this one's too.
+            return Answer.forward(None, [], p, None)
+        label = self._label(route_name) if p.pipeline is None else p.label
+        spans = metrics.hook[0] = self.tracer.start(p.headers, *label, phase)
+        fault_reason: str | None = None
+        try:
+            return self._handle(route_name, phase, body, headers, p)
+        except _Refused as refused:
+            fault_reason = refused.reason
+            return refused.answer
+        finally:
+            metrics.hook[0] = None
+            if spans is not None:
+                spans.finish(fault_reason)
+
+    def _handle(self, route_name: str, phase: str, body: bytes, headers: dict[str, str], p: InFlight) -> Answer:
         archive = self.archives.get(route_name)
         try:
             if p.pipeline is None:
@@ -199,11 +231,11 @@ class Worker:
             self._count(fault, p.label, phase, route_name)
             if archive is not None and archive.keeps("refusals") and not fault.reason.startswith("archive "):
                 archive.keep("refusal", "refused", body, p.headers, reason=fault.reason)
-            return self._fault(fault, p)
+            raise _Refused(faults.metric_reason(fault), self._fault(fault, p)) from None
         except Exception:
             log.exception("internal error on route %s", route_name)
             metrics.series(metrics.REQUESTS, *p.label, phase, "error").inc()
-            return self._fault(REFUSALS["internal"], p)
+            raise _Refused("internal", self._fault(REFUSALS["internal"], p)) from None
         if out.answer:
             assert out.body is not None
             content_type = faults.content_type(fault_soap_version(p.exchange, {}))

@@ -83,6 +83,9 @@ GRACE_SECONDS = 5.0
 # Where the shared Redis is, for every route whose store names none: set by `wsgate up` (its own Redis) or by the
 # deployment (Compose, Kubernetes); read by the stores (filters/stores/factory.py).
 REDIS_URL_ENV = "WSGATE_REDIS_URL"
+# The operation of a verified request (its signed wsa:Action or SOAPAction), set by the filter worker for Envoy's
+# rate-limit filter (per-operation quotas); clients cannot send it (x-wsgate-* is stripped on arrival).
+OPERATION_HEADER = "x-wsgate-operation"
 
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # the largest body limit a policy may set
@@ -483,6 +486,40 @@ class Attachments(Strict):
     to_client: XopRule = "keep"
 
 
+class Rate(Strict):
+    """Requests allowed per second and per day; either may be left out (docs/quotas.md)."""
+
+    per_second: int | None = Field(default=None, gt=0)
+    per_day: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _some(self) -> Rate:
+        if self.per_second is None and self.per_day is None:
+            raise ValueError("a rate needs per_second, per_day or both")
+        return self
+
+    def units(self) -> list[tuple[str, int]]:
+        """(the rate-limit service's unit, requests per unit) for each limit set."""
+        return [(u, n) for u, n in (("second", self.per_second), ("day", self.per_day)) if n is not None]
+
+
+class Quotas(Strict):
+    """Request quotas, counted by the Envoy rate-limit service across every gateway replica (docs/quotas.md).
+    `client_address`: every request, by client address, before any XML work (shapes anonymous floods);
+    `caller`: verified requests by the identity the gateway verified (the route's identity_header), counted only
+    once the credential is verified; `operations`: the same per operation (SOAPAction, or the signed wsa:Action);
+    `backend`: the route's verified requests, every caller together."""
+
+    client_address: Rate | None = None
+    caller: Rate | None = None
+    operations: dict[Annotated[str, Field(min_length=1, max_length=512)], Rate] = {}
+    backend: Rate | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return any((self.client_address, self.caller, self.operations, self.backend))
+
+
 class Route(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
     match: Match
@@ -512,6 +549,7 @@ class Route(Strict):
     saml_token_service: SamlTokenService | None = None  # secureconversation: the STS issues SAML 2.0 too
     archive: ArchivePolicy | None = None
     attachments: Attachments = Attachments()
+    quotas: Quotas = Quotas()
 
     @property
     def touches_xml(self) -> bool:
@@ -567,6 +605,17 @@ class Route(Strict):
         return self
 
     @model_validator(mode="after")
+    def _quota_identity(self) -> Route:
+        """Per-caller quotas count the identity the worker verified and sets in identity_header."""
+        q = self.quotas
+        field = "quotas.caller" if q.caller else "quotas.operations"
+        if (q.caller or q.operations) and not self.detects_replays:
+            raise FieldError(field, f"the {self.profile} profile verifies no caller: use client_address or backend")
+        if (q.caller or q.operations) and not self.identity_header:
+            raise FieldError(field, "per-caller quotas count the identity_header: set one")
+        return self
+
+    @model_validator(mode="after")
     def _username_token_protected(self) -> Route:
         """A UsernameToken nobody can capture. PasswordText is a readable password. A readable PasswordDigest
         token can be re-bound: with the symmetric binding (a key anyone can send in an EncryptedKey) it is the
@@ -590,6 +639,17 @@ class Route(Strict):
         )
 
 
+class Tracing(Strict):
+    """OpenTelemetry traces of requests (docs/tracing.md): Envoy's spans and the filter workers' stage spans, sent
+    over OTLP/HTTP to `collector` (host:port, e.g. the collector's 4318). `sampling_percent` of the requests Envoy
+    starts a trace for; a W3C traceparent is taken only from `trusted_callers` (CIDR ranges of the peer address:
+    the proxy in front when there is one), and dropped from anyone else."""
+
+    collector: str = Field(pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+    sampling_percent: float = Field(default=1.0, ge=0, le=100)
+    trusted_callers: list[Annotated[str, Field(pattern=r"^[0-9A-Fa-f:.]+/\d{1,3}$")]] = []
+
+
 class Edge(Strict):
     """Envoy's per-listener settings (both listeners), against slow and lying clients. At most one policy file
     sets `edge:`; the defaults hold without it."""
@@ -610,6 +670,7 @@ class Edge(Strict):
     # The gateway's URL as clients reach it (scheme, host, port; no path), written into published WSDLs. Never
     # the request's Host header (the client chooses it). None: the listener's own address (docs/interop.md).
     public_url: str | None = Field(default=None, pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
+    tracing: Tracing | None = None  # off unless set
 
 
 class PolicyFile(Strict):

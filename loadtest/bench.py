@@ -50,7 +50,7 @@ from certs import hsm, pki
 from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway, Options, default_workers
 from gateway.policy import PolicySet, load_dir
-from loadtest import engine_cpu, targets
+from loadtest import engine_cpu, targets, variants
 from loadtest.archive import with_archive
 from loadtest.messages import (
     ENCRYPTED_KEY,
@@ -1003,6 +1003,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the gateway's private keys in a SoftHSM2 token (compare the rsa rows with a run without)")  # fmt: skip
     p.add_argument("--archive", action="store_true",
                    help="every secured route archives (docs/audit.md): compare its rows with a run without")  # fmt: skip
+    p.add_argument("--tracing", metavar="HOST:PORT",
+                   help="trace to this OTLP/HTTP collector (docs/tracing.md): the rows with tracing on")  # fmt: skip
+    p.add_argument("--sampling-percent", type=float, default=1.0, help="with --tracing (the policy's default: 1)")
+    p.add_argument("--quotas", action="store_true",
+                   help="every route's quotas on, never reached (docs/quotas.md): the rows with quotas on")  # fmt: skip
     p.add_argument("--engine-scale", type=float, default=1.0,
                    help="multiply the in-process engine measure's exchange counts (0: skip it)")  # fmt: skip
     args = p.parse_args(argv)
@@ -1010,6 +1015,9 @@ def main(argv: list[str] | None = None) -> int:
         args.policies = hsm_policies(args.policies, args.certs, args.out / "policies-hsm")
     if args.archive:
         args.policies = with_archive(args.policies, args.out / "policies-archive", args.out / "archive")
+    if args.tracing or args.quotas:
+        out = args.out / "policies-observed"
+        args.policies = variants.write(args.policies, out, args.tracing, args.sampling_percent, args.quotas)
     try:
         run_bench(
             profiles=[x for x in args.profiles.split(",") if x], sizes=[x for x in args.sizes.split(",") if x],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -60,6 +60,16 @@ class stage:
         _exit()
 
 
+class StageHook(Protocol):
+    """Told of every stage as it opens and closes, innermost last: the worker's spans (filters/tracing.py). The
+    engine imports no tracer; without a hook a stage costs what it did."""
+
+    def enter(self, name: str) -> None: ...
+
+    def exit(self) -> None: ...
+
+
+hook: list[StageHook | None] = [None]  # set by the worker per exchange phase, None otherwise
 _open: list[str] = []  # the open stages' names, innermost last
 _spent: dict[str, float] = {}  # seconds per stage name since the pipeline stage opened
 _clock: list[float] = [0.0]  # the last entry or exit
@@ -76,6 +86,8 @@ def _enter(name: str, route: Route | None) -> None:
         _spent.clear()
     _open.append(name)
     _clock[0] = now
+    if hook[0] is not None:
+        hook[0].enter(name)
 
 
 def _exit() -> None:
@@ -83,6 +95,8 @@ def _exit() -> None:
     name = _open.pop()
     _spent[name] = _spent.get(name, 0.0) + now - _clock[0]
     _clock[0] = now
+    if hook[0] is not None:
+        hook[0].exit()
     route = _route[0]
     if not _open and route is not None:
         for kind, spent in _spent.items():

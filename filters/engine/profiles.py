@@ -30,7 +30,7 @@ from filters.engine.wss.username_token import FailureThrottle, Users
 from filters.engine.xml import header_blocks
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import check_structure
-from gateway.policy import HmacOptions, Route, RsaOptions
+from gateway.policy import OPERATION_HEADER, HmacOptions, Route, RsaOptions
 
 RESPONSE_TIMESTAMP_TTL_S = 300
 
@@ -126,6 +126,8 @@ class SecuredPipeline(RoutePipeline):
                 out_headers |= saml_issuer.for_backend(
                     env, self.backend_issuer, route.backend_assertion, verified, datetime.now(UTC), attributes
                 )
+        if route.quotas.operations and (op := header_blocks.operation(env, verified.covers, headers)):
+            out_headers[OPERATION_HEADER] = op  # read by Envoy's rate-limit filter, removed before the backend
         with metrics.stage(route, "serialize"):
             out = self.send(env, ex, headers.get("content-type"), request=True, reserialized=True, **out_headers)
         out.replay = verified.replay_keys
@@ -236,7 +238,8 @@ class SecureConversationPipeline(SecuredPipeline):
             # Issue and Cancel change the context store: their replay keys are settled first, here (rare messages).
             if isinstance(self.credentials.replay, DeferredReplay):
                 self.credentials.replay.settle(verified.replay_keys, verified.replay_since_ms)
-            return self._answer(ws_trust.parse_rst(rst), env, verified, headers, now)
+            with metrics.stage(route, "secure_conversation"):
+                return self._answer(ws_trust.parse_rst(rst), env, verified, headers, now)
         if verified.context is None:
             raise faults.security("InvalidSecurity", "secureconversation route: message outside a security context")
         return self.deliver(env, verified, verified.context.subject, headers, ex)

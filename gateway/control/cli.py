@@ -12,7 +12,7 @@ from pathlib import Path
 
 from certs import hsm, pki, rotate
 from filters.engine.wss import inventory
-from gateway.control import audit, envoy_config, published_certificates, published_policy
+from gateway.control import audit, envoy_config, monitoring, published_certificates, published_policy, rate_limit
 from gateway.control.documents import load_checked
 from gateway.control.supervisor import default_workers
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, PolicyError, PolicySet
@@ -124,6 +124,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     if ps is None:
         return 1
     if args.target == "compose":
+        if rate_limit.enabled(ps):
+            print("wsgate render: quotas are not in the Compose stack yet (docs/quotas.md)", file=sys.stderr)
+            return 1
         topo = envoy_config.compose_topology()
     else:
         topo = envoy_config.Topology(
@@ -133,10 +136,17 @@ def cmd_render(args: argparse.Namespace) -> int:
     files = envoy_config.render(ps, topo)
     if args.out:
         envoy_config.write(files, args.out)
-        print(f"wrote {', '.join(sorted(files))} to {args.out}", file=sys.stderr)
+        for name, text in monitoring.render().items():  # the dashboard and alerts (docs/operations.md)
+            (args.out / name).write_text(text)
+        print(f"wrote {', '.join(sorted([*files, *monitoring.render()]))} to {args.out}", file=sys.stderr)
+        if rate_limit.enabled(ps):  # the rate-limit service's RUNTIME_ROOT (docs/quotas.md)
+            rate_limit.write(ps, args.out / "ratelimit")
+            print(f"wrote ratelimit/{rate_limit.CONFIG_FILE} to {args.out}", file=sys.stderr)
     else:
         for name in files:
             sys.stdout.write(f"# ---- {name}\n{files[name]}")
+        if rate_limit.enabled(ps):
+            sys.stdout.write(f"# ---- ratelimit/{rate_limit.CONFIG_FILE}\n{rate_limit.service_config(ps)}")
     return 0
 
 

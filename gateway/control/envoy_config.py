@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from filters.engine.xml.wsdl import DocumentError
-from gateway.control import wsdl_publish
-from gateway.policy import Edge, PolicyError, PolicySet, Route
+from gateway.control import rate_limit, tracing, wsdl_publish
+from gateway.policy import OPERATION_HEADER, Edge, PolicyError, PolicySet, Route
 
 EXT_PROC = "envoy.filters.http.ext_proc"
 RBAC = "envoy.filters.http.rbac"
@@ -43,6 +43,7 @@ class Topology:
     max_connections: int = 50_000
     filter_timeout_ms: int = 3000  # RSA work at saturation needs more than Envoy's 200 ms default
     max_heap_mb: int = 1024  # Envoy's heap: over 95% of it, new requests get 503 (overload manager)
+    ratelimit: str = "127.0.0.1:8089"  # the Envoy rate-limit service's gRPC (routes with quotas)
 
 
 def compose_topology() -> Topology:
@@ -92,11 +93,16 @@ ENVOY_REPLIES: dict[int, str] = {
     408: "Request timeout",
     413: "Message too large",
     426: "This service requires HTTPS",
+    429: "Too many requests",
     431: "Request headers too large",
     503: "Service unavailable",
     504: "Service timed out",
 }
 FILTER_FAILURE_STATUS = 503
+RETRY_AFTER = {
+    "header": {"key": "retry-after", "value": "%RESP(x-ratelimit-reset)%"},
+    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+}
 # A backend response over the stream's buffer: Envoy answers 500 itself. To the client it is the same 502 as when
 # the filter refuses it first (filters.engine.faults.server's text): which one does depends on timing.
 RESPONSE_TOO_LARGE = "response.code_details == 'response_payload_too_large'"
@@ -131,15 +137,17 @@ def _local_reply_config() -> dict[str, Any]:
         status = {"status_code_filter": {"comparison": {
             "op": "EQ", "value": {"default_value": code, "runtime_key": f"wsgate.local_reply.{code}"}}}}  # fmt: skip
         sender = code < 500
+        # A quota refusal says when to come back: the rate-limit filter's x-ratelimit-reset (seconds).
+        retry = {"headers_to_add": [RETRY_AFTER]} if code == 429 else {}
         mappers.append({
-            "filter": {"and_filter": {"filters": [status, soap12_request]}},
+            "filter": {"and_filter": {"filters": [status, soap12_request]}}, **retry,
             "body_format_override": {
                 "text_format_source": {"inline_string": _soap_fault("1.2", "env:Sender" if sender else "env:Receiver", text)},
                 "content_type": "application/soap+xml; charset=utf-8",
             },
         })  # fmt: skip
         mappers.append({
-            "filter": status,
+            "filter": status, **retry,
             "body_format_override": {
                 "text_format_source": {"inline_string": _soap_fault("1.1", "soap:Client" if sender else "soap:Server", text)},
                 "content_type": "text/xml; charset=utf-8",
@@ -232,6 +240,8 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
             entries.append(entry)
             continue
         entry["route"] = {"cluster": f"upstream_{route.name}", "timeout": f"{route.upstream.timeout_s:g}s"}
+        if route.quotas.enabled:
+            entry["route"]["rate_limits"] = rate_limit.route_rate_limits(route)
         if route.touches_xml:
             # The filter needs whole bodies: Envoy buffers up to this route's own limit (413 or 502 beyond).
             entry["request_body_buffer_limit"] = max(route.limits.max_body_bytes, route.response_limits.max_body_bytes)
@@ -242,14 +252,18 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
                 "overrides": {"grpc_initial_metadata": [{"key": ROUTE_METADATA, "value": route.name}]},
             }
         entry["typed_per_filter_config"] = per_filter
+        # The worker's operation header is for the rate-limit filter only (removed by the router, after it).
+        quota_only = [OPERATION_HEADER] if route.quotas.operations else []
+        if quota_only:
+            entry["request_headers_to_remove"] = quota_only
         if route.tls.subject_header and tls_listener:
-            entry["request_headers_to_remove"] = [route.tls.subject_header]
+            entry["request_headers_to_remove"] = [route.tls.subject_header, *quota_only]
             entry["request_headers_to_add"] = [
                 {"header": {"key": route.tls.subject_header, "value": "%DOWNSTREAM_PEER_SUBJECT%"},
                  "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
             ]  # fmt: skip
         elif route.tls.subject_header:
-            entry["request_headers_to_remove"] = [route.tls.subject_header]
+            entry["request_headers_to_remove"] = [route.tls.subject_header, *quota_only]
         entries.append(entry)
     return entries + refusals
 
@@ -280,10 +294,12 @@ FORWARDING_PREFIX = "x-forwarded-"
 ODD_HEADER_NAME = r"[^:a-z0-9-].*|[^:].*[^a-z0-9-].*"  # x-forwarded-for/-proto/-host/-port/-client-cert...
 
 
-def _early_header_mutation(policies: PolicySet) -> dict[str, Any]:
+def _early_header_mutation(policies: PolicySet, trusted_trace: bool) -> dict[str, Any]:
     edge = policies.edge
     prefixes = [*GATEWAY_HEADER_PREFIXES]
     names = {"x-forwarded-client-cert"}
+    if edge.tracing and not trusted_trace:  # only trusted callers choose or join a trace
+        names |= set(tracing.TRACE_HEADERS)
     if edge.xff_num_trusted_hops == 0:
         # No proxy in front: the client's forwarding claims are dropped, Envoy writes x-forwarded-for/-proto itself.
         prefixes.append(FORWARDING_PREFIX)
@@ -334,7 +350,7 @@ def _edge_settings(edge: Edge) -> dict[str, Any]:
 
 
 def _http_connection_manager(
-    policies: PolicySet, topo: Topology, tls_listener: bool, published: Published
+    policies: PolicySet, topo: Topology, tls_listener: bool, published: Published, trusted_trace: bool = False
 ) -> dict[str, Any]:
     name = "https" if tls_listener else "http"
     refused = {"name": "ambiguous-path", "match": {"safe_regex": {"regex": AMBIGUOUS_PATH}},
@@ -349,7 +365,10 @@ def _http_connection_manager(
         "direct_response": {"status": 404},
         "typed_per_filter_config": _DISABLED,
     })  # fmt: skip
-    http_filters: list[dict[str, Any]] = [
+    quotas = rate_limit.enabled(policies)
+    # Client-address quotas before ext_proc (no XML work for a shaped flood), caller quotas after it (verified).
+    http_filters: list[dict[str, Any]] = [rate_limit.http_filter(rate_limit.ADDRESS_STAGE)] if quotas else []
+    http_filters += [
         {
             "name": EXT_PROC,
             # Only on the routes that enable it (XML routes): a request refused before routing (an escaped slash)
@@ -387,9 +406,13 @@ def _http_connection_manager(
             "name": RBAC,
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"},
         })  # fmt: skip
+    if quotas:
+        http_filters.append(rate_limit.http_filter(rate_limit.CALLER_STAGE))
     http_filters.append(
         {"name": "envoy.filters.http.router",
-         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+                          # Traced: the backend's time is a span of its own.
+                          **({"start_child_span": True} if policies.edge.tracing else {})}}
     )  # fmt: skip
     return {
         "name": "envoy.filters.network.http_connection_manager",
@@ -399,7 +422,8 @@ def _http_connection_manager(
             "codec_type": "AUTO",
             "server_header_transformation": "PASS_THROUGH",
             **_edge_settings(policies.edge),
-            "early_header_mutation_extensions": [_early_header_mutation(policies)],
+            "early_header_mutation_extensions": [_early_header_mutation(policies, trusted_trace)],
+            **({"tracing": tracing.connection_manager(policies.edge.tracing)} if policies.edge.tracing else {}),
             "route_config": {
                 "name": f"{name}_routes",
                 # Envoy applies lds.yaml and cds.yaml in no fixed order: a new route's listener update must not be
@@ -437,22 +461,32 @@ def _max_body(policies: PolicySet) -> int:
 def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
     buffer_limit = CONNECTION_BUFFER_BYTES
     published = _published(policies, topo)
+    trusted = tracing.trusted_match(policies.edge.tracing)
+
+    def chains(tls_listener: bool, **chain: Any) -> list[dict[str, Any]]:
+        """The listener's filter chain; with trusted tracing callers, first a copy for them that keeps their
+        trace headers (Envoy picks the most specific match: theirs, else the default)."""
+
+        def hcm(trust: bool) -> dict[str, Any]:
+            return _http_connection_manager(policies, topo, tls_listener, published, trusted_trace=trust)
+
+        default = {"filters": [hcm(False)], **chain}
+        return [{"filter_chain_match": trusted, "filters": [hcm(True)], **chain}, default] if trusted else [default]
+
     plain = {
         "name": "http",
         "address": _address(f"{topo.bind}:{topo.http_port}"),
         "per_connection_buffer_limit_bytes": buffer_limit,
-        "filter_chains": [
-            {"filters": [_http_connection_manager(policies, topo, tls_listener=False, published=published)]}
-        ],
+        "filter_chains": chains(tls_listener=False),
     }
     certs = topo.certs_dir
     tls = {
         "name": "https",
         "address": _address(f"{topo.bind}:{topo.https_port}"),
         "per_connection_buffer_limit_bytes": buffer_limit,
-        "filter_chains": [
-            {
-                "filters": [_http_connection_manager(policies, topo, tls_listener=True, published=published)],
+        "filter_chains": chains(
+            tls_listener=True,
+            **{
                 "transport_socket": {
                     "name": "envoy.transport_sockets.tls",
                     "typed_config": {
@@ -471,8 +505,8 @@ def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
                         "require_client_certificate": False,
                     },
                 },
-            }
-        ],
+            },
+        ),
     }
     return [plain, tls]
 
@@ -489,6 +523,14 @@ def _cluster(name: str, endpoints: list[str], dns: bool) -> dict[str, Any]:
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(e)}} for e in endpoints]}],
         },
     }
+
+
+_HTTP2 = {
+    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+}
 
 
 def _filter_endpoints(topo: Topology) -> dict[str, Any]:
@@ -527,6 +569,12 @@ def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
         }
     }  # fmt: skip
     clusters = [filt]
+    if policies.edge.tracing:
+        clusters.append(_cluster(tracing.CLUSTER, [policies.edge.tracing.collector], dns=topo.filter_dns))
+    if rate_limit.enabled(policies):
+        rls = _cluster(rate_limit.CLUSTER, [topo.ratelimit], dns=topo.filter_dns)
+        rls["typed_extension_protocol_options"] = _HTTP2
+        clusters.append(rls)
     for r in policies.routes:
         c = _cluster(f"upstream_{r.name}", [r.upstream.address], dns=False)
         c["per_connection_buffer_limit_bytes"] = r.response_limits.max_body_bytes + 65536

@@ -26,7 +26,7 @@ import yaml
 from certs import pki
 from filters.engine.wss import token
 from filters.engine.xml import wsdl
-from gateway.control import envoy_config, kubernetes_pkcs11
+from gateway.control import envoy_config, kubernetes_pkcs11, rate_limit
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, GRACE_SECONDS, REDIS_URL_ENV, PolicyError, PolicySet, Route
 
 NAMESPACE = "wsgate"
@@ -456,13 +456,19 @@ def _upstream_egress(routes: list[Route], opts: Options) -> list[dict[str, Any]]
     for host, port in sorted({(r.upstream.host, r.upstream.port) for r in routes}):
         if opts.demo_backend and host == BACKEND and port == BACKEND_PORT:
             rule = {"to": [_pods_of(BACKEND)], "ports": _tcp(port)}
-        elif envoy_config.is_ip(host):
-            rule = {"to": [{"ipBlock": {"cidr": str(ipaddress.ip_network(host))}}], "ports": _tcp(port)}
         else:
-            rule = {"ports": _tcp(port)}
+            rule = _egress_to(host, port)
         if rule not in rules:
             rules.append(rule)
     return rules
+
+
+def _egress_to(host: str, port: int | str) -> dict[str, Any]:
+    """To `host`:`port`: the address itself when it is one, else the port anywhere (a policy cannot name a host)."""
+    host = host.strip("[]")
+    if envoy_config.is_ip(host):
+        return {"to": [{"ipBlock": {"cidr": str(ipaddress.ip_network(host))}}], "ports": _tcp(int(port))}
+    return {"ports": _tcp(int(port))}
 
 
 def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Options) -> list[dict[str, Any]]:
@@ -475,13 +481,16 @@ def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Opt
         to_redis = {"to": [_pods_of(REDIS)], "ports": _tcp(REDIS_PORT)}
     else:
         to_redis = {"ports": _tcp(opts.external_redis_port)}
+    # Both send spans to the trace collector (edge.tracing, docs/tracing.md): by address when it is one.
+    collector = policies.edge.tracing.collector if policies.edge.tracing else None
+    traces = [] if collector is None else [_egress_to(*collector.rsplit(":", 1))]
     out = [
         _network_policy("default-deny", {}, ingress=[], egress=[]),
         _network_policy(ENVOY, _pods_of(ENVOY)["podSelector"], ingress=[{"ports": _tcp(topo.http_port, topo.https_port)}],
-                        egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(policies.routes, opts), dns]),
+                        egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(policies.routes, opts), dns, *traces]),
         _network_policy(FILTER, _pods_of(FILTER)["podSelector"],
                         ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(FILTER_PORT)}],
-                        egress=[to_redis, dns, *kubernetes_pkcs11.egress(opts.hsm_ports)]),
+                        egress=[to_redis, dns, *traces, *kubernetes_pkcs11.egress(opts.hsm_ports)]),
     ]  # fmt: skip
     if opts.redis == "demo":
         out.append(_network_policy(REDIS, _pods_of(REDIS)["podSelector"],
@@ -535,6 +544,10 @@ def kustomization(resources: list[str], envoy_keys: list[str], filter_keys: list
 def render(policies: PolicySet, policies_dir: Path, opts: Options) -> dict[str, str]:
     """DIR's files (relative path -> text): kustomization.yaml, one manifest file per part, keys/.gitignore."""
     _check_shared_state(policies)
+    if rate_limit.enabled(policies):  # fail at render time rather than 503 every quota-checked request
+        raise PolicyError(
+            "quotas are not rendered for Kubernetes yet (no rate-limit service Deployment): docs/quotas.md"
+        )
     topo = topology()
     texts = {p.name: p.read_text() for p in sorted(Path(policies_dir).glob("*.y*ml")) if p.suffix in (".yaml", ".yml")}
     envoy = envoy_objects(policies, topo, opts)

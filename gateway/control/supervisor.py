@@ -24,7 +24,7 @@ import redis
 
 from certs import pki
 from filters.stores import replay
-from gateway.control import envoy_config, envoy_delivery
+from gateway.control import envoy_config, envoy_delivery, rate_limit
 from gateway.control.documents import load_checked
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, REDIS_URL_ENV, PolicyError, PolicySet, check_body_budget
 
@@ -44,6 +44,7 @@ class Options:
     # Worker i listens on filter_port + i, or on filter_port + workers + i while it replaces its predecessor.
     filter_port: int = 9100
     metrics_port: int | None = 9200  # worker i exports metrics on metrics_port + i (+ workers while replacing)
+    ratelimit_port: int = 8089  # the Envoy rate-limit service's gRPC, on loopback (started for routes with quotas)
     backend: str | None = "127.0.0.1:8081"  # None: do not start the demo backend
     envoy_concurrency: int = 1  # measured: on 2 cores one Envoy thread keeps throughput and cuts p99
     # A worker over this resident size is replaced (new one first, then the old one drains). libxml2 keeps every
@@ -65,12 +66,13 @@ class Options:
         while abs(metrics - filter_base) < span:
             metrics = free_consecutive_ports(span)
         taken = set(range(filter_base, filter_base + span)) | set(range(metrics, metrics + span))
-        while taken & set(singles := free_ports(4)):
+        while taken & set(singles := free_ports(5)):
             pass
-        http, https, admin, backend = singles
+        http, https, admin, backend, ratelimit = singles
         defaults: dict[str, object] = {
             "workers": workers, "http_port": http, "https_port": https, "admin_port": admin,
             "filter_port": filter_base, "metrics_port": metrics, "backend": f"127.0.0.1:{backend}",
+            "ratelimit_port": ratelimit,
         }  # fmt: skip
         return cls(**{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -104,6 +106,7 @@ class Options:
             certs_dir=str(self.certs.resolve()),
             config_dir=str((self.run_dir / "envoy").resolve()),
             max_heap_mb=self.envoy_max_heap_mb,
+            ratelimit=f"127.0.0.1:{self.ratelimit_port}",
         )
 
 
@@ -214,6 +217,7 @@ class Gateway:
         self.envoy: subprocess.Popen[bytes] | None = None
         self.backend: subprocess.Popen[bytes] | None = None
         self.redis: subprocess.Popen[bytes] | None = None
+        self.ratelimit: subprocess.Popen[bytes] | None = None
         self.retiring: list[subprocess.Popen[bytes]] = []  # recycled workers finishing their exchanges
         self.worker_ports: list[int] = []
         self.env = dict(os.environ)
@@ -222,10 +226,10 @@ class Gateway:
         self.logs = opts.run_dir / "logs"
 
     # -- start ---------------------------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self.logs.mkdir(parents=True, exist_ok=True)
         out = open(self.logs / f"{name}.log", "ab")
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env or self.env)
 
     def _spawn_worker(self, i: int, port: int, timeout: float = 30) -> subprocess.Popen[bytes]:
         """Start worker i on `port` and return once it accepts exchanges."""
@@ -309,6 +313,7 @@ class Gateway:
         self.render()
         self._start_shared_store()
         self._check_per_process_stores()
+        self._start_rate_limit()
         if o.backend:
             self.backend = self._spawn(
                 "backend", [sys.executable, "-m", "gateway.tools.demo_backend", "--listen", o.backend]
@@ -333,7 +338,7 @@ class Gateway:
         o = self.opts
         assert self.policies is not None
         replay_auto = any(r.detects_replays and r.replay.store == "auto" for r in self.policies.routes)
-        wants_redis = any(
+        wants_redis = rate_limit.enabled(self.policies) or any(
             (r.replay.store == "redis" and not r.replay.redis_url)
             or (r.profile == "secureconversation" and r.secureconversation.store == "redis"
                 and "redis_url" not in r.secureconversation.model_fields_set)
@@ -367,6 +372,32 @@ class Gateway:
         # Empty (no persistence): nothing accepted before now is remembered. Its replay epoch starts here, before
         # a worker's first check would start it at that message's arrival (filters/engine/wss/replay.py).
         _start_epoch(self.env[REDIS_URL_ENV])
+
+    def _start_rate_limit(self) -> None:
+        """The Envoy rate-limit service, for routes with quotas: its configuration from the policies, its counts
+        in the shared Redis (so gateways sharing a Redis share the limits). Stateless: a policy change restarts it."""
+        assert self.policies is not None
+        if not rate_limit.enabled(self.policies):
+            return
+        o = self.opts
+        binary = rate_limit.binary()
+        if not binary.exists():
+            raise RuntimeError(
+                f"routes have quotas and the rate-limit service is not built at {binary}: make ratelimit"
+            )
+        if not _can_bind("127.0.0.1", o.ratelimit_port):
+            raise RuntimeError(f"port {o.ratelimit_port} (the rate-limit service) is taken on 127.0.0.1")
+        root = (o.run_dir / "ratelimit").resolve()
+        rate_limit.write(self.policies, root)
+        env = rate_limit.environment(f"127.0.0.1:{o.ratelimit_port}", root, self.env[REDIS_URL_ENV])
+        self.ratelimit = self._spawn("ratelimit", [str(binary)], {**self.env, **env})
+        _wait_tcp("127.0.0.1", o.ratelimit_port, self.ratelimit, "the rate-limit service")
+
+    def _stop_rate_limit(self) -> None:
+        if self.ratelimit is not None and self.ratelimit.poll() is None:
+            self.ratelimit.terminate()
+            self.ratelimit.wait(10)
+        self.ratelimit = None
 
     def _check_per_process_stores(self) -> None:
         """A per-process store (replay `memory`, contexts `memory`) only works when one worker sees all traffic."""
@@ -425,7 +456,14 @@ class Gateway:
         except PolicyError as exc:
             log.error("policy change refused, the running policies stay:\n%s", exc)
             return False
+        limits_before = rate_limit.service_config(self.policies) if self.policies else ""
         self.policies = policies
+        if rate_limit.service_config(policies) != limits_before:
+            self._stop_rate_limit()  # new limits: the counts stay in Redis
+            try:
+                self._start_rate_limit()
+            except (RuntimeError, KeyError) as exc:  # KeyError: no shared Redis was started for the first quotas
+                log.error("the rate-limit service did not start; quota-checked requests are refused: %r", exc)
         # Workers first: Envoy sends a new route's requests only once they know it (they keep a dropped route
         # until the next reload, for Envoy's draining listeners).
         self._reload_workers()
@@ -442,6 +480,10 @@ class Gateway:
             # Workers fail closed while it is gone (replay checks refuse); a new one brings them back.
             log.error("redis-server exited (status %s); restarting it", self.redis.returncode)
             self._spawn_redis(self.redis.args[0])
+        if self.ratelimit is not None and self.ratelimit.poll() is not None:
+            # Quota-checked requests fail closed (503) while it is gone.
+            log.error("the rate-limit service exited (status %s); restarting it", self.ratelimit.returncode)
+            self._start_rate_limit()
         for i, w in enumerate(self.workers):
             if w.poll() is not None:
                 log.error("filter worker %d exited (status %s); restarting it", i, w.returncode)
@@ -472,7 +514,7 @@ class Gateway:
 
     def stop(self) -> None:
         # Envoy first so no new request reaches a stopping worker; then the workers finish in-flight exchanges.
-        procs = [self.envoy, *self.workers, *self.retiring, self.backend, self.redis]
+        procs = [self.envoy, *self.workers, *self.retiring, self.backend, self.ratelimit, self.redis]
         procs = [p for p in procs if p is not None and p.poll() is None]
         for p in procs:
             p.terminate()

@@ -72,6 +72,14 @@ def _check_action(env: Envelope, covers: Callable[[etree._Element], bool], heade
             raise faults.security("InvalidSecurity", f"SOAPAction {claimed[:120]!r} is not the signed wsa:Action")
 
 
+def operation(env: Envelope, covers: Callable[[etree._Element], bool], headers: Mapping[str, str]) -> str | None:
+    """The operation a verified request asks for (per-operation quotas): its signed wsa:Action, else the action
+    its HTTP request names (after `enforce`, the two agree). None when neither is a plain header value."""
+    signed = [b for b in (env.header if env.header is not None else []) if b.tag in _ACTIONS and covers(b)]
+    found = values.text(signed[0], "wsa:Action").strip() if signed else next(filter(None, soap_actions(headers)), "")
+    return found if found and len(found) <= 512 and found.isprintable() and found.isascii() else None
+
+
 def soap_actions(headers: Mapping[str, str]) -> list[str]:
     """Every action the HTTP request names: the SOAPAction header (quoted or not) and the content type's `action`
     parameters (SOAP 1.2), unquoted; an empty one names nothing (SOAP 1.1: the intent is the request URI)."""

@@ -27,6 +27,9 @@ use crate::table::{Refusal, Route, Table};
 
 /// The gRPC metadata naming the route (gateway/control/envoy_config.py sets it per route).
 const ROUTE_METADATA: &str = "x-wsgate-route";
+/// W3C trace context of Envoy's ext_proc span, in the stream's gRPC metadata when Envoy traces the request: given
+/// to the engine's request phase as this header (the worker's spans are its children: filters/tracing.py).
+const TRACE_PARENT: &str = "traceparent";
 /// Headers a client must never set itself: the gateway vouches for them.
 const GATEWAY_HEADER_PREFIX: &str = "x-wsgate-";
 
@@ -61,9 +64,11 @@ impl ExternalProcessor for Frame {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
-        let route_name = request.metadata().get(ROUTE_METADATA).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let metadata = |name: &str| request.metadata().get(name).and_then(|v| v.to_str().ok());
+        let route_name = metadata(ROUTE_METADATA).unwrap_or("");
         // In-flight exchanges keep the table they started with; a reload only changes new ones.
-        let stream = Stream::new(self.0.clone(), route_name.to_owned());
+        let mut stream = Stream::new(self.0.clone(), route_name.to_owned());
+        stream.trace_parent = metadata(TRACE_PARENT).map(str::to_owned);
         let inbound = request.into_inner();
         let responses = futures_util::stream::unfold(Some((inbound, stream)), |state| async move {
             let (mut inbound, mut stream) = state?;
@@ -110,6 +115,7 @@ struct Stream {
     soap12: bool,                   // the request's content type names SOAP 1.2: faults are 1.2
     headers: Vec<(String, String)>, // the request's, for the engine; then the response's (its content type)
     in_flight: Option<Py<PyAny>>,   // the worker's `InFlight`, from the request body to the response body
+    trace_parent: Option<String>,   // Envoy's ext_proc span, when it traces this exchange
 }
 
 impl Stream {
@@ -127,6 +133,7 @@ impl Stream {
             soap12: false,
             headers: Vec::new(),
             in_flight: None,
+            trace_parent: None,
         }
     }
 
@@ -252,6 +259,13 @@ impl Stream {
             let headers = PyDict::new(py);
             for (k, v) in &self.headers {
                 headers.set_item(k, v)?;
+            }
+            // Envoy's span over a caller's own traceparent (taken from trusted callers only, and Envoy's
+            // ext_proc span is its child anyway).
+            if phase == "request" {
+                if let Some(parent) = &self.trace_parent {
+                    headers.set_item(TRACE_PARENT, parent)?;
+                }
             }
             let in_flight = self.in_flight.take();
             let bytes = PyBytes::new(py, &body);

@@ -1,0 +1,35 @@
+"""The benchmark's policies with tracing or quotas on (`python -m loadtest.bench --tracing HOST:PORT`, `--quotas`):
+the rows beside a run without, for what each costs (docs/tracing.md, docs/quotas.md). A copy of the policy files,
+changed as parsed YAML; `${...}` values stay for the gateway to resolve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gateway.policy import XML_PROFILES
+
+# Limits no benchmark reaches: every request is counted (one rate-limit service round trip per stage), none refused.
+UNREACHED = {"per_second": 1_000_000_000, "per_day": 1_000_000_000_000}
+VERIFIES_CALLER = XML_PROFILES - {"xml"}
+
+
+def write(policies: Path, out: Path, tracing: str | None, sampling_percent: float, quotas: bool) -> Path:
+    """`policies` copied into `out`: `edge.tracing` to the OTLP/HTTP collector `tracing` at `sampling_percent`,
+    and/or every route's client_address and backend quotas (plus caller quotas where a caller is verified)."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = sorted(policies.glob("*.yaml"))
+    docs = {p.name: yaml.safe_load(p.read_text()) for p in files}
+    if tracing:
+        holder = next((d for d in docs.values() if "edge" in d), docs[files[0].name])
+        holder["edge"] = {**holder.get("edge", {}), "tracing": {"collector": tracing,
+                                                                "sampling_percent": sampling_percent}}  # fmt: skip
+    for doc in docs.values():
+        for route in doc["routes"] if quotas else []:
+            route["quotas"] = {"client_address": UNREACHED, "backend": UNREACHED}
+            if route["profile"] in VERIFIES_CALLER:
+                route["quotas"]["caller"] = UNREACHED
+    for name, doc in docs.items():
+        (out / name).write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
+    return out

@@ -1,0 +1,93 @@
+"""Tracing through the running gateway into a real collector (Jaeger v2, tests/support/collector.py): one trace
+per request with Envoy's spans and the filter worker's, a trusted caller's traceparent continued, a stranger's
+ignored, and nothing of the message, keys or identity in any span (docs/tracing.md)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.collector import Collector, jaeger
+from tests.support.harness import GatewayFactory, LiveGateway
+from tests.support.wss_helpers import echo, route_doc
+
+TRUSTED = "127.0.0.2"  # a loopback address of its own: the one trusted caller
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Collector]:
+    with jaeger(tmp_path_factory.mktemp("jaeger")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def traced(module_gateway: GatewayFactory, pki: Path, collector: Collector) -> LiveGateway:
+    edge = {"tracing": {"collector": collector.otlp, "sampling_percent": 100, "trusted_callers": [f"{TRUSTED}/32"]}}
+    return module_gateway([route_doc(pki, "rsa", name="rsa", replay={"store": "auto"})], edge=edge)
+
+
+def post_from(g: LiveGateway, source: str, body: bytes, headers: dict[str, str] | None = None) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", g.opts.http_port, timeout=10, source_address=(source, 0))
+    try:
+        conn.request("POST", "/rsa/demo", body, {"content-type": "text/xml; charset=utf-8", **(headers or {})})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def services(trace: dict) -> dict[str, str]:
+    return {pid: p["serviceName"] for pid, p in trace["processes"].items()}
+
+
+def test_one_trace_holds_envoys_and_the_workers_stage_spans(traced: LiveGateway, collector: Collector) -> None:
+    trace_id = secrets.token_hex(16)
+    body, _ = traced.client("rsa").secure(echo("pay 4711 to Mallory"))
+    parent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+    assert post_from(traced, TRUSTED, body, {"traceparent": parent}) == 200
+    trace = _wait_trace(collector, trace_id, {"wsgate.response"})
+    names = {s["operationName"] for s in trace["spans"]}
+    assert {"wsgate.request", "wsgate.response", "parse", "security_header", "signature_check", "serialize",
+            "secure"} <= names  # fmt: skip
+    by_id = {s["spanID"]: s for s in trace["spans"]}
+    who = services(trace)
+    request = next(s for s in trace["spans"] if s["operationName"] == "wsgate.request")
+    ext_proc = by_id[request["references"][0]["spanID"]]
+    assert who[request["processID"]] == "wsgate-filter" and who[ext_proc["processID"]] == "wsgate-envoy"
+    assert "ExternalProcessor" in ext_proc["operationName"]
+    ingress = by_id[ext_proc["references"][0]["spanID"]]
+    assert ingress["operationName"] == "ingress" and ingress["references"][0]["spanID"] == parent.split("-")[2]
+    upstream = next(s for s in trace["spans"] if s["operationName"] == "router upstream_rsa egress")
+    assert upstream["references"][0]["spanID"] == ingress["spanID"]  # the backend's time, in the same trace
+    stage = next(s for s in trace["spans"] if s["operationName"] == "signature_check")
+    assert by_id[stage["references"][0]["spanID"]]["operationName"] == "security_header"
+    # Nothing of the message, the caller or a key: only fixed-set attributes.
+    text = json.dumps(trace)
+    assert "4711" not in text and "Mallory" not in text and "Demo Client" not in text and "BEGIN" not in text
+
+
+def _wait_trace(collector: Collector, trace_id: str, needs: set[str], timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        for trace in collector.traces("wsgate-envoy"):
+            if trace["traceID"] == trace_id and needs <= {s["operationName"] for s in trace["spans"]}:
+                return trace
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no complete trace {trace_id} in the collector")
+        time.sleep(0.2)
+
+
+def test_a_strangers_traceparent_is_ignored(traced: LiveGateway, collector: Collector) -> None:
+    chosen = secrets.token_hex(16)
+    body, _ = traced.client("rsa").secure(echo("hello"))
+    before = len(collector.traces("wsgate-envoy"))
+    assert post_from(traced, "127.0.0.1", body, {"traceparent": f"00-{chosen}-{secrets.token_hex(8)}-01"}) == 200
+    traces = collector.wait_for("wsgate-envoy", before + 1)
+    assert len(traces) == before + 1  # traced (100%)...
+    assert all(t["traceID"] != chosen for t in traces)  # ...under Envoy's own trace id
+    assert all(t["traceID"] != chosen for t in collector.traces("wsgate-filter"))
