@@ -92,7 +92,7 @@ class SecuredPipeline(RoutePipeline):
         elif x509 and route.encryption.require_request:
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
         if x509:
-            self.credentials.trust = _trust_store(route, stores)
+            self.credentials.trust = trust_store(route, stores)
             self.credentials.known_certificates = keys.load_certificates(route.rsa.known_certificates)
             self.certificate = keys.load_certificate(route.rsa.certificate)
             self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
@@ -327,7 +327,7 @@ def _rotating_keys(
     return out
 
 
-def _trust_store(route: Route, stores: Stores) -> keys.TrustStore:
+def trust_store(route: Route, stores: Stores) -> keys.TrustStore:
     """The X.509 signer's trust (`rsa`, and the `secureconversation` bootstrap): anchors, intermediates,
     allow-list, revocation."""
     opts = route.rsa

@@ -56,6 +56,7 @@ class RequesterKeys:
     trust: keys.TrustStore
     psk: Mapping[str, bytes]
     replay: ReplayCache | DeferredReplay | None = None  # replies' signatures and nonces: none is taken twice
+    decryption_key: rsa.RSAPrivateKey | None = None  # opens replies encrypted to us; None: private_key
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Requester:
         self.psk = keys_.psk
         self.trust = keys_.trust
         self.replay = keys_.replay
+        self.decryption_key = keys_.decryption_key or keys_.private_key
         sig = route.signature
         self.digest = sig.digests[0]
         x509_signer = route.profile != "hmac"
@@ -260,7 +262,7 @@ class Requester:
             raise RequesterError(f"SOAP fault: {fault_text(env)}")
         creds = wssecurity.Credentials(
             trust=self.trust,
-            decryption_key=self.private_key,
+            decryption_key=self.decryption_key,
             psk={self.cfg.key_name: pending.secret} if self.cfg.key_name and pending.secret else {},
             encrypted_keys={pending.encrypted_key_sha1: pending.secret}
             if pending.encrypted_key_sha1 and pending.secret
