@@ -373,6 +373,10 @@ class OutboundOptions(Strict):
     credentials_file: str | None = None
     password_type: Literal["digest", "text"] = "digest"
     retry: OutboundRetry = OutboundRetry()
+    # secureconversation: the partner's STS (WS-Trust Issue) at this path of the partner's address (None: the
+    # route's path); its context is shared by all workers and issued anew this long before it expires.
+    sts_path: str | None = Field(default=None, pattern=r"^/")
+    renew_before_s: int = Field(default=60, ge=1)
 
     @property
     def host(self) -> str:
@@ -457,13 +461,17 @@ class Route(Strict):
             return self
         if self.outbound is None:
             raise FieldError("outbound", "direction outbound needs outbound options (listen, ...)")
-        if self.profile not in ("rsa", "hmac"):
-            raise FieldError("profile", "an outbound route secures rsa or hmac (secureconversation: not yet)")
+        if self.profile not in ("rsa", "hmac", "secureconversation"):
+            raise FieldError("profile", "an outbound route secures rsa, hmac or secureconversation")
         if not self.upstream.tls:
             raise FieldError("upstream.tls", "the partner is reached over HTTPS only")
         if self.wsdl is not None and self.wsdl.publish:
             raise FieldError("wsdl.publish", "an outbound route publishes no WSDL of its own")
-        needs_cert = self.encryption.require_request or (self.profile == "hmac" and self.outbound.key_name is None)
+        needs_cert = (
+            self.encryption.require_request
+            or (self.profile == "hmac" and self.outbound.key_name is None)
+            or self.profile == "secureconversation"  # the Issue's entropy travels encrypted
+        )
         if needs_cert and self.outbound.partner_certificate is None:
             raise FieldError("outbound.partner_certificate", "the request is encrypted to the partner: its certificate")
         if self.profile == "hmac" and self.outbound.key_name and not self.hmac.keys_file:

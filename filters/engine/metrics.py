@@ -40,6 +40,11 @@ PARTNER_SECONDS = Histogram(
 PARTNER_REPLIES = Counter(
     "wsgate_outbound_replies", "Partner replies by outcome: verified (handed on) or refused", ["route", "outcome"]
 )
+PARTNER_CONTEXT_ISSUES = Counter(
+    "wsgate_outbound_context_issues",
+    "Security contexts issued by partners' STS (outbound secureconversation)",
+    ["route"],
+)
 STAGE = Histogram(
     "wsgate_stage_seconds",
     "Time per processing stage",

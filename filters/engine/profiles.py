@@ -18,7 +18,7 @@ from lxml import etree
 
 from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
-from filters.engine.conversation.contexts import ContextStore, store_resolver
+from filters.engine.conversation.contexts import ContextStore, PartnerContexts, store_resolver
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
 from filters.engine.wss import encryption, keys, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
@@ -55,6 +55,16 @@ class Stores(Protocol):
         """The signer's revocation status (route.rsa.revocation, mode not "off")."""
         ...
 
+    def partner_contexts(self, route: Route) -> PartnerContexts:
+        """The context an outbound `secureconversation` route holds with its partner."""
+        ...
+
+    def partner_sts(self, route: Route) -> Post:
+        """Posts to the partner's STS (outbound `secureconversation`): (body, content type) -> reply body."""
+        ...
+
+
+Post = Callable[[bytes, str], bytes]  # (body, content type) -> reply body
 
 # What secures a message: the signature, the encryption, tokens to put first in the header.
 ResponseSecurity = tuple[sending.SignWith | None, sending.EncryptFor | None, tuple[etree._Element, ...]]

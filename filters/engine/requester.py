@@ -8,7 +8,7 @@ outbound routes (filters/engine/outbound.py, keys from the route's policy)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from filters.engine import faults, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.faults import content_type
-from filters.engine.profiles import context_security
+from filters.engine.profiles import Post, context_security
 from filters.engine.wss import encryption, keys, signature, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
@@ -57,6 +57,9 @@ class RequesterKeys:
     psk: Mapping[str, bytes]
     replay: ReplayCache | DeferredReplay | None = None  # replies' signatures and nonces: none is taken twice
     decryption_key: rsa.RSAPrivateKey | None = None  # opens replies encrypted to us; None: private_key
+    # Its certificate, where it is not `certificate`'s key: replies encrypted to either certificate are opened (an
+    # STS encrypts its answer to the Issue's signer).
+    decryption_certificate: x509.Certificate | None = None
 
 
 @dataclass
@@ -70,9 +73,6 @@ class Pending:
     @property
     def content_type(self) -> str:
         return content_type(self.soap_version)
-
-
-Post = Callable[[bytes, str], bytes]  # (body, content type) -> reply body
 
 
 class Requester:
@@ -91,6 +91,10 @@ class Requester:
         self.trust = keys_.trust
         self.replay = keys_.replay
         self.decryption_key = keys_.decryption_key or keys_.private_key
+        self.decryption_keys: list[tuple[x509.Certificate, rsa.RSAPrivateKey]] = []
+        if keys_.decryption_key is not None and keys_.decryption_certificate is not None:
+            self.decryption_keys = [(keys_.decryption_certificate, keys_.decryption_key),
+                                    (keys_.certificate, keys_.private_key)]  # fmt: skip
         sig = route.signature
         self.digest = sig.digests[0]
         x509_signer = route.profile != "hmac"
@@ -263,6 +267,7 @@ class Requester:
         creds = wssecurity.Credentials(
             trust=self.trust,
             decryption_key=self.decryption_key,
+            decryption_keys=self.decryption_keys,
             psk={self.cfg.key_name: pending.secret} if self.cfg.key_name and pending.secret else {},
             encrypted_keys={pending.encrypted_key_sha1: pending.secret}
             if pending.encrypted_key_sha1 and pending.secret
