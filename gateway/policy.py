@@ -465,8 +465,6 @@ class Route(Strict):
             raise FieldError("profile", "an outbound route secures rsa, hmac or secureconversation")
         if not self.upstream.tls:
             raise FieldError("upstream.tls", "the partner is reached over HTTPS only")
-        if self.wsdl is not None and self.wsdl.publish:
-            raise FieldError("wsdl.publish", "an outbound route publishes no WSDL of its own")
         needs_cert = (
             self.encryption.require_request
             or (self.profile == "hmac" and self.outbound.key_name is None)

@@ -489,7 +489,7 @@ def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
     for address, routes in outbound_config.listeners(policies).items():
         name = "outbound_" + re.sub(r"[^0-9A-Za-z]+", "_", address).strip("_")
         tls_socket = outbound_config.listener_tls(routes[0])
-        hcm = _http_connection_manager(policies, topo, tls_socket is not None, {}, served=routes, name=name)
+        hcm = _http_connection_manager(policies, topo, tls_socket is not None, published, served=routes, name=name)
         chain: dict[str, Any] = {"filters": [hcm]}
         if tls_socket is not None:
             chain["transport_socket"] = tls_socket

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 from cryptography import x509
 from lxml import etree
 
 from gateway.control.supervisor import free_ports
+from gateway.tools.wsdl_import import import_wsdl
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.partner import Service, Wss4jPartner, outbound_route, post
 from tests.support.wss4j import WSSE, Wss4j, soap_ns
@@ -31,7 +33,9 @@ SERVICES = {
     "/psk/": Service(sign="psk"),
     "/username/": Service(users={"bob": "bob-demo-password"}),
     "/username-text/": Service(users={"bob": "bob-demo-password"}),
+    "/demo/": Service(),  # the imported WSDL's address
 }
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +179,41 @@ def test_outbound_listener_is_not_on_the_public_listener(gw: LiveGateway) -> Non
     """The outbound route is served on its own listener only: on the public one its path is no route (404)."""
     resp = gw.post("/rsa/echo", echo("public"))
     assert resp.status_code == 404
+
+
+def test_outbound_import_serves_the_partners_wsdl_without_its_policy_and_zeep_calls_through_it(
+    gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, tmp_path: Path
+) -> None:
+    """`wsgate import --outbound`: the partner's WS-SecurityPolicy (an X.509 AsymmetricBinding) becomes an outbound
+    rsa route; its WSDL is served on the outbound listener, the address rewritten to it and the policy removed, so
+    zeep, built from that URL, calls with no WS-Security and the partner (WSS4J) gets a signed request."""
+    wsdl = tmp_path / "partner.wsdl"
+    wsdl.write_text(
+        (REPO / "tests" / "wsdl" / "demo-asymmetric.wsdl")
+        .read_text()
+        .replace("http://demo.internal:8080", "https://partner.example")
+    )
+    listen = f"127.0.0.1:{free_ports(1)[0]}"
+    imported = import_wsdl(wsdl.read_bytes(), wsdl, str(wsdl), upstream=partner.address, outbound=listen)
+    assert imported.unmapped == []
+    [route] = [r.route for r in imported.routes]
+    assert route["direction"] == "outbound" and route["profile"] == "rsa"
+    # The partner's files, here from the test PKI (the import names placeholders for the operator to provide).
+    route["upstream"]["ca"] = str(pki / "ca.pem")  # type: ignore[index]
+    route["rsa"] = {"trust_anchors": [str(pki / "ca.pem")], "key": str(pki / "gateway-sign.key"),
+                    "certificate": str(pki / "gateway-sign.pem"), "decryption_key": str(pki / "gateway-enc.key"),
+                    "allowed_subjects": ["CN=Demo Client,O=WSGate Demo"]}  # fmt: skip
+    route["outbound"]["partner_certificate"] = str(pki / "client.pem")  # type: ignore[index]
+    route["replay"] = {"store": "memory"}
+    gateway([route])
+    published = requests.get(f"http://{listen}/demo/echo?wsdl", timeout=10)
+    assert published.status_code == 200
+    root = etree.fromstring(published.content)
+    assert not [el for el in root.iter() if isinstance(el.tag, str) and "policy" in etree.QName(el).namespace.lower()]
+    assert [a.get("location") for a in root.iter("{*}address")] == [f"http://{listen}/demo/echo"]
+    import zeep
+
+    client = zeep.Client(f"http://{listen}/demo/echo?wsdl")
+    assert client.service.echo(text="imported") == "imported"
+    got = partner.verified[-1]
+    assert "Signature" in got["actions"] and "Timestamp" in got["actions"]

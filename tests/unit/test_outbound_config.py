@@ -133,3 +133,20 @@ def test_envoy_validates_rendered_outbound_config(tmp_path: Path, pki: Path) -> 
     files = envoy_config.render(policies(doc), topo)
     envoy_config.write(files, tmp_path)
     assert_envoy_accepts(files, tmp_path)
+
+
+def test_outbound_import_maps_the_partners_policy_to_what_the_gateway_sends_and_requires() -> None:
+    """The other side of the mapping table: a partner that requires encrypted requests and sends encrypted
+    replies (CXF's sign-and-encrypt symmetric binding, with an encrypted UsernameToken) gets them encrypted to its
+    certificate, and the gateway requires its replies encrypted."""
+    from gateway.tools.wsdl_import import import_wsdl
+
+    wsdl = Path(__file__).resolve().parents[1] / "wsdl" / "cxf-sign-enc-policy.wsdl"
+    imported = import_wsdl(wsdl.read_bytes(), wsdl, str(wsdl), outbound="10.0.0.5:9300")
+    [doc] = [r.route for r in imported.routes]
+    r = Route.model_validate(doc)
+    assert r.is_outbound and r.profile == "hmac" and r.upstream.tls
+    assert r.encryption.require_request and r.encryption.encrypt_response
+    assert r.outbound is not None and r.outbound.listen == "10.0.0.5:9300"
+    assert r.outbound.partner_certificate and r.outbound.credentials_file and r.outbound.key_name is None
+    assert r.username_token.protection == "encrypted"
