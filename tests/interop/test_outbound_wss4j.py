@@ -31,6 +31,7 @@ SERVICES = {
     "/rsa/": Service(),
     "/rsa-encrypted/": Service(encrypt_reply=True),
     "/psk/": Service(sign="psk"),
+    "/encrypted-key/": Service(sign="received"),
     "/username/": Service(users={"bob": "bob-demo-password"}),
     "/username-text/": Service(users={"bob": "bob-demo-password"}),
     "/demo/": Service(),  # the imported WSDL's address
@@ -68,6 +69,7 @@ def gw(
         outbound_route(pki, "rsa", "rsa", partner, listen),
         outbound_route(pki, "rsa", "rsa-encrypted", partner, listen, encryption=encrypted),
         outbound_route(pki, "hmac", "psk", partner, listen, outbound={"key_name": "demo-client"}),
+        outbound_route(pki, "hmac", "encrypted-key", partner, listen, encryption={"require_request": True}),
         outbound_route(
             pki,
             "rsa",
@@ -148,6 +150,19 @@ def test_outbound_hmac_pre_shared_key_request_verified_by_wss4j(
     assert plain_text(resp, version) == text
     got = partner.verified[-1]
     assert got["signature_key_sha256"] == hashlib.sha256(base64.b64decode(partner.psk)).hexdigest()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_outbound_hmac_symmetric_binding_key_sent_to_wss4j_and_its_reply_signed_with_it(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+) -> None:
+    """hmac without a pre-shared key: a fresh key in an EncryptedKey to the partner's certificate signs and
+    encrypts the request; WSS4J's reply is signed with that key, named by its EncryptedKeySHA1."""
+    text = f"ek-{version}"
+    resp = post(listen, "/encrypted-key/echo", echo(text, version), version)
+    assert plain_text(resp, version) == text, partner.refused
+    got = partner.verified[-1]
+    assert got["encrypted_key_sha1"] and f"{{{soap_ns(version)}}}Body" in got["decrypted"]
 
 
 @pytest.mark.parametrize("route", ["username", "username-text"])

@@ -29,7 +29,8 @@ PARTNER_SUBJECT = "CN=Demo Client,O=WSGate Demo"
 
 @dataclass
 class Service:
-    """What the partner does on one path: how it signs its reply (`x509` with the key `stem`, or `psk`),
+    """What the partner does on one path: how it signs its reply (`x509` with the key `stem`, `psk`, or
+    `received`: the key the request sent in an EncryptedKey, named by its EncryptedKeySHA1),
     whether it encrypts the reply to the gateway, the UsernameToken passwords it knows."""
 
     sign: str = "x509"
@@ -79,15 +80,17 @@ class Wss4jPartner(LoopbackHttp):
             return 200, ctype, self.last_reply
         reply = echo_response(text, version)
         if not self.unsecured:
-            reply = self.wss4j.secure(reply, self.steps(service, version))["xml"].encode()
+            reply = self.wss4j.secure(reply, self.steps(service, version, got))["xml"].encode()
         if self.tamper is not None:
             reply = self.tamper(reply)
         self.last_reply = reply
         return 200, ctype, reply
 
-    def steps(self, service: Service, version: str) -> list[dict[str, Any]]:
+    def steps(self, service: Service, version: str, got: dict[str, Any]) -> list[dict[str, Any]]:
         parts = signed_parts(version, addressing=False)
-        if service.sign == "psk":
+        if service.sign == "received":
+            sign = {"do": "sign", "with": "received", "encrypted_key_sha1": got["encrypted_key_sha1"], "parts": parts}
+        elif service.sign == "psk":
             sign = {"do": "sign", "with": "psk", "name": "demo-client", "secret": self.psk,
                     "value_type": PRE_SHARED_KEY, "parts": parts}  # fmt: skip
         else:

@@ -26,6 +26,7 @@ SERVICES = {
     "/psk/": Service(sign="psk"),
     "/rogue/": Service(stem="rogue"),  # CN=Demo Client, issued by another CA
     "/other/": Service(stem="client2"),  # the demo CA, but not the partner's subject
+    "/downgraded/": Service(),  # signs, but does not encrypt
 }
 
 
@@ -58,6 +59,7 @@ def gw(module_gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, listen:
         outbound_route(pki, "hmac", "psk", partner, listen, outbound={"key_name": "demo-client"}, **shared),
         outbound_route(pki, "rsa", "rogue", partner, listen, **shared),
         outbound_route(pki, "rsa", "other", partner, listen, **shared),
+        outbound_route(pki, "rsa", "downgraded", partner, listen, encryption=encrypted, **shared),
     ]
     return module_gateway(routes, workers=2, metrics=True)
 
@@ -150,6 +152,15 @@ def test_partner_reply_signed_by_a_wrong_certificate_is_refused(
     """rogue: the partner's subject from another CA; other: the demo CA, not the partner's subject."""
     resp = post(listen, f"/{route}/echo", echo(f"wrong-signer-{version}", version), version)
     assert_refused(gw, resp, version, "FailedAuthentication")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_partner_reply_not_encrypted_where_the_route_requires_it_is_refused(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+) -> None:
+    """A downgrade: a signed but readable reply on a route whose replies must arrive encrypted."""
+    resp = post(listen, "/downgraded/echo", echo(f"downgraded-{version}", version), version)
+    assert_refused(gw, resp, version, "required to be encrypted")
 
 
 def test_partner_reply_refusals_counted_per_route(gw: LiveGateway, partner: Wss4jPartner, listen: str) -> None:

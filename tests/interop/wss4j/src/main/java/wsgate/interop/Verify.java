@@ -89,6 +89,15 @@ final class Verify {
                 }
             } else if (action == WSConstants.ENCR) {
                 names(r, decrypted);
+                byte[] ephemeral = (byte[]) r.get(WSSecurityEngineResult.TAG_ENCRYPTED_EPHEMERAL_KEY);
+                byte[] secret = (byte[]) r.get(WSSecurityEngineResult.TAG_SECRET);
+                if (ephemeral != null && secret != null) {
+                    // A key the sender sent us (the symmetric binding): kept by its EncryptedKeySHA1, for a reply
+                    // signed with it ("sign" with "received"); only the identifier leaves the JVM.
+                    String sha1 = Base64.getEncoder().encodeToString(MessageDigest.getInstance("SHA-1").digest(ephemeral));
+                    secrets.put(sha1, secret);
+                    answer.addProperty("encrypted_key_sha1", sha1);
+                }
             }
         }
         answer.add("actions", actions);
