@@ -44,6 +44,10 @@ class Topology:
     max_connections: int = 50_000
     filter_timeout_ms: int = 3000  # RSA work at saturation needs more than Envoy's 200 ms default
     max_heap_mb: int = 1024  # Envoy's heap: over 95% of it, new requests get 503 (overload manager)
+    # Where outbound listeners bind (their routes' ports): None, the route's own address; Compose and Kubernetes
+    # bind every interface of the container, which only the applications reach (an unpublished port; a
+    # NetworkPolicy, gateway/control/kubernetes.py).
+    outbound_bind: str | None = None
 
 
 def compose_topology() -> Topology:
@@ -53,6 +57,7 @@ def compose_topology() -> Topology:
         bind="0.0.0.0",
         certs_dir="/certs",
         config_dir="/config",
+        outbound_bind="0.0.0.0",
     )
 
 
@@ -484,7 +489,8 @@ def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
             }
         ],
     }
-    outbound_config.check_ports(policies, {(topo.bind, topo.http_port), (topo.bind, topo.https_port)})
+    outbound_config.check_ports(policies, {(topo.bind, topo.http_port), (topo.bind, topo.https_port)},
+                                topo.outbound_bind)  # fmt: skip
     outbound = []
     for address, routes in outbound_config.listeners(policies).items():
         name = "outbound_" + re.sub(r"[^0-9A-Za-z]+", "_", address).strip("_")
@@ -493,7 +499,8 @@ def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
         chain: dict[str, Any] = {"filters": [hcm]}
         if tls_socket is not None:
             chain["transport_socket"] = tls_socket
-        outbound.append({"name": name, "address": _address(address), "per_connection_buffer_limit_bytes": buffer_limit,
+        bound = f"{topo.outbound_bind}:{address.rsplit(':', 1)[1]}" if topo.outbound_bind else address
+        outbound.append({"name": name, "address": _address(bound), "per_connection_buffer_limit_bytes": buffer_limit,
                          "filter_chains": [chain]})  # fmt: skip
     return [plain, tls, *outbound]
 

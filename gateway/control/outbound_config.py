@@ -41,13 +41,15 @@ def listeners(policies: PolicySet) -> dict[str, list[Route]]:
     return out
 
 
-def check_ports(policies: PolicySet, public: set[tuple[str, int]]) -> None:
-    """An outbound listener never takes a public listener's port (on its address or on every address)."""
+def check_ports(policies: PolicySet, public: set[tuple[str, int]], bind: str | None = None) -> None:
+    """An outbound listener never takes a public listener's port (on its address or on every address); `bind`:
+    where outbound listeners bind instead of their own address (Topology.outbound_bind)."""
     for r in policies.routes:
         if r.outbound is None:
             continue
+        own = bind or r.outbound.host
         for host, port in public:
-            if r.outbound.port == port and (r.outbound.host == host or _any(host) or _any(r.outbound.host)):
+            if r.outbound.port == port and (own == host or _any(host) or _any(own)):
                 raise PolicyError(
                     f"{policies.sources[r.name]}: route {r.name}: field outbound.listen: port {port} is a public "
                     "listener's"

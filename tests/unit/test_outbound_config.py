@@ -150,3 +150,12 @@ def test_outbound_import_maps_the_partners_policy_to_what_the_gateway_sends_and_
     assert r.outbound is not None and r.outbound.listen == "10.0.0.5:9300"
     assert r.outbound.partner_certificate and r.outbound.credentials_file and r.outbound.key_name is None
     assert r.username_token.protection == "encrypted"
+
+
+def test_outbound_listener_in_compose_binds_the_containers_interfaces_on_the_routes_port() -> None:
+    """In Compose the applications are other containers: the listener binds every interface of Envoy's
+    container on the route's port, which docker-compose.yml publishes to no host port."""
+    lds = by_name(envoy_config.render(policies(route()), envoy_config.compose_topology()), "lds.yaml")
+    assert lds["outbound_127_0_0_1_9300"]["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 9300}
+    compose = (Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text()
+    assert "9300" not in compose
