@@ -441,7 +441,10 @@ class Route(Strict):
 
     @property
     def https_only(self) -> bool:
-        """Served on the TLS listener only (426 on plain HTTP): `tls` routes, and UsernameTokens kept by TLS."""
+        """Served on the TLS listener only (426 on plain HTTP): `tls` routes, and UsernameTokens kept by TLS. Not
+        outbound routes: they have a listener of their own (outbound.mtls), and the partner is always HTTPS."""
+        if self.is_outbound:
+            return False
         return self.profile == "tls" or (self.accepts_username_tokens and self.username_token.protection == "tls")
 
     @property

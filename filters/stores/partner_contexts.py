@@ -18,6 +18,8 @@ from filters.engine.wss.secure_conversation import Context
 from filters.stores.contexts import _pack, _redis_client, _redis_errors, _ttl_ms, _unpack
 from gateway.policy import Route
 
+STS_TIMEOUT_S = 2.0
+
 
 class MemoryPartnerContexts:
     def __init__(self) -> None:
@@ -91,10 +93,12 @@ def sts_post(route: Route) -> Post:
     session = requests.Session()
     cert = (out.client_certificate, out.client_key) if out.client_certificate and out.client_key else None
     verify: str | bool = upstream.ca or True
+    # The Issue is made inside a filter's answer to Envoy (3 s), and under the issuer's lock (outbound.ISSUE_LOCK_S).
+    timeout = min(upstream.timeout_s, STS_TIMEOUT_S)
 
     def post(body: bytes, content_type: str) -> bytes:
         try:
-            reply = session.post(url, data=body, headers={"content-type": content_type}, timeout=upstream.timeout_s,
+            reply = session.post(url, data=body, headers={"content-type": content_type}, timeout=timeout,
                                  verify=verify, cert=cert)  # fmt: skip
         except requests.RequestException as exc:
             raise OSError(f"partner STS {url} unreachable: {type(exc).__name__}") from None

@@ -159,3 +159,14 @@ def test_outbound_listener_in_compose_binds_the_containers_interfaces_on_the_rou
     assert lds["outbound_127_0_0_1_9300"]["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 9300}
     compose = (Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text()
     assert "9300" not in compose
+
+
+def test_outbound_username_token_kept_by_tls_is_not_refused_on_its_plain_listener() -> None:
+    """`protection: tls` names the partner's HTTPS (always), not the applications' listener: no 426 there."""
+    doc = route(profile="rsa", username_token={"protection": "tls"}, outbound={"credentials_file": "creds.yaml",
+                                                                               "password_type": "text"})  # fmt: skip
+    assert not Route.model_validate(doc).https_only
+    own = by_name(envoy_config.render(policies(doc), TOPO), "lds.yaml")["outbound_127_0_0_1_9300"]
+    entries = own["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    assert [e for e in entries if e["name"] == "partner" and "route" in e]
+    assert not [e for e in entries if e.get("direct_response", {}).get("status") == 426]
