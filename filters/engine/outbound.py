@@ -104,6 +104,7 @@ class OutboundPipeline(RoutePipeline):
             try:
                 with metrics.stage(self.route, "issue"):
                     new = self.requester.establish(self.sts, version)
+                self.contexts.put(new)  # before the lock goes: the next lock holder finds it and issues none
             except (RequesterError, faults.Fault, OSError) as exc:
                 if live is not None:  # renewal failed: the current one still serves, the next call tries again
                     return live
@@ -111,7 +112,6 @@ class OutboundPipeline(RoutePipeline):
             finally:
                 self.contexts.unlock()
             metrics.series(metrics.PARTNER_CONTEXT_ISSUES, self.route.name).inc()
-            self.contexts.put(new)
             return new
         if live is not None:
             return live
