@@ -6,6 +6,7 @@ replaced from the environment, so one policy set serves the local and the Compos
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable
@@ -520,6 +521,69 @@ class Quotas(Strict):
         return any((self.client_address, self.caller, self.operations, self.backend))
 
 
+# Where an outbound listener without mtls may be: loopback, RFC 1918, IPv6 unique local (not ipaddress's
+# is_private, which also counts documentation and reserved ranges).
+PRIVATE_NETWORKS = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")]
+
+
+class OutboundRetry(Strict):
+    """Retries of an outbound call that failed on its way (connection refused or reset, no reply, 502/503/504):
+    only for the operations named, which the partner defines as idempotent; any other call is tried once."""
+
+    operations: list[str] = []  # SOAPAction values (quotes stripped)
+    attempts: int = Field(default=2, ge=1, le=5)  # retries after the first try
+
+
+class OutboundOptions(Strict):
+    """`direction: outbound` (docs/outbound.md): internal applications send plain SOAP to `listen`; the gateway
+    secures it as the route's profile says and sends it to the partner (`upstream`: HTTPS, its `ca`), and hands
+    back the partner's reply only once it verified. The route's other sections keep their meaning, seen from the
+    partner: `encryption.require_request` encrypts the request, `encryption.encrypt_response` requires an
+    encrypted reply, `rsa.trust_anchors`/`allowed_subjects` are whom the reply may be signed by, `rsa.key` and
+    `rsa.certificate` sign the request, `rsa.decryption_key` opens the reply."""
+
+    # The applications' listener, never the public one: a private or loopback IP, or any with `mtls`.
+    listen: str = Field(pattern=r"^[0-9A-Fa-f.:\[\]]+:\d{1,5}$")
+    mtls: bool = False  # applications present a certificate from `client_ca` (the listener serves HTTPS)
+    client_ca: str = "certs/out/ca.pem"
+    server_certificate: str = "certs/out/gateway-tls.pem"  # the listener's, with mtls
+    server_key: str = "certs/out/gateway-tls.key"
+    partner_certificate: str | None = None  # encrypted to (rsa with encryption; hmac without a key_name)
+    client_certificate: str | None = None  # the gateway's TLS client certificate to the partner
+    client_key: str | None = None
+    key_name: str | None = None  # hmac: the pre-shared key (hmac.keys_file) named to the partner
+    # UsernameToken sent to the partner: a YAML file {username: ..., password: ...}; digest or text.
+    credentials_file: str | None = None
+    password_type: Literal["digest", "text"] = "digest"
+    retry: OutboundRetry = OutboundRetry()
+    # secureconversation: the partner's STS (WS-Trust Issue) at this path of the partner's address (None: the
+    # route's path); its context is shared by all workers and issued anew this long before it expires.
+    sts_path: str | None = Field(default=None, pattern=r"^/")
+    renew_before_s: int = Field(default=60, ge=1)
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+    @model_validator(mode="after")
+    def _private(self) -> OutboundOptions:
+        try:
+            ip = ipaddress.ip_address(self.host)
+        except ValueError:
+            raise FieldError("outbound.listen", "an IP address (the listener's, not a name)") from None
+        if not self.mtls and not (ip.is_loopback or any(ip in net for net in PRIVATE_NETWORKS)):
+            raise FieldError(
+                "outbound.listen", "without mtls the applications' listener must be a private or loopback address"
+            )
+        if (self.client_certificate is None) != (self.client_key is None):
+            raise FieldError("outbound.client_key", "client_certificate and client_key go together")
+        return self
+
+
 class Route(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
     match: Match
@@ -550,6 +614,10 @@ class Route(Strict):
     archive: ArchivePolicy | None = None
     attachments: Attachments = Attachments()
     quotas: Quotas = Quotas()
+    # `inbound`: clients reach the gateway's public listeners; `outbound`: applications reach `outbound.listen`
+    # and the gateway secures their calls to a partner (OutboundOptions).
+    direction: Literal["inbound", "outbound"] = "inbound"
+    outbound: OutboundOptions | None = None
 
     @property
     def touches_xml(self) -> bool:
@@ -562,12 +630,43 @@ class Route(Strict):
 
     @property
     def https_only(self) -> bool:
-        """Served on the TLS listener only (426 on plain HTTP): `tls` routes, and UsernameTokens kept by TLS."""
+        """Served on the TLS listener only (426 on plain HTTP): `tls` routes, and UsernameTokens kept by TLS. Not
+        outbound routes: they have a listener of their own (outbound.mtls), and the partner is always HTTPS."""
+        if self.is_outbound:
+            return False
         return self.profile == "tls" or (self.accepts_username_tokens and self.username_token.protection == "tls")
 
     @property
     def accepts_username_tokens(self) -> bool:
         return self.profile in ("hmac", "rsa", "secureconversation") and self.username_token.users_file is not None
+
+    @property
+    def is_outbound(self) -> bool:
+        return self.direction == "outbound"
+
+    @model_validator(mode="after")
+    def _outbound(self) -> Route:
+        """An outbound route secures what it sends: a partner reached over TLS, a WS-Security profile."""
+        if not self.is_outbound:
+            if self.outbound is not None:
+                raise FieldError("outbound", "outbound options need direction: outbound")
+            return self
+        if self.outbound is None:
+            raise FieldError("outbound", "direction outbound needs outbound options (listen, ...)")
+        if self.profile not in ("rsa", "hmac", "secureconversation"):
+            raise FieldError("profile", "an outbound route secures rsa, hmac or secureconversation")
+        if not self.upstream.tls:
+            raise FieldError("upstream.tls", "the partner is reached over HTTPS only")
+        needs_cert = (
+            self.encryption.require_request
+            or (self.profile == "hmac" and self.outbound.key_name is None)
+            or self.profile == "secureconversation"  # the Issue's entropy travels encrypted
+        )
+        if needs_cert and self.outbound.partner_certificate is None:
+            raise FieldError("outbound.partner_certificate", "the request is encrypted to the partner: its certificate")
+        if self.profile == "hmac" and self.outbound.key_name and not self.hmac.keys_file:
+            raise FieldError("hmac.keys_file", "outbound.key_name names a key from hmac.keys_file")
+        return self
 
     @model_validator(mode="after")
     def _saml_options(self) -> Route:
@@ -622,7 +721,7 @@ class Route(Strict):
         only credential, and a token read on any route can be sealed by its reader and sent to an `encrypted`
         route. So every route that takes tokens keeps them from capture: `encrypted` or `tls`."""
         ut = self.username_token
-        if not self.accepts_username_tokens or ut.protection != "none":
+        if self.is_outbound or not self.accepts_username_tokens or ut.protection != "none":
             return self
         if "text" in ut.password_types:
             raise FieldError("username_token.protection", "PasswordText needs protection: encrypted or tls")
@@ -790,10 +889,11 @@ def load_dir(directory: Path | str, documents: Callable[[Route], list[str]] | No
                 continue
             sources[r.name] = str(path)
             routes.append(r)
-    seen: dict[tuple[str, str | None], str] = {}
+    seen: dict[tuple[str, str, str | None], str] = {}
     for r in routes:
         for action in r.match.soap_actions or [None]:
-            key = (r.match.path_prefix.lower(), action)  # Envoy matches prefixes ignoring case
+            # Envoy matches prefixes ignoring case; outbound routes have their own listeners.
+            key = (r.outbound.listen if r.outbound else "", r.match.path_prefix.lower(), action)
             if key in seen and seen[key] != r.name:
                 errors.append(f"{sources[r.name]}: route {r.name}: field match: same match as route {seen[key]}")
             seen[key] = r.name

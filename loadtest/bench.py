@@ -48,9 +48,9 @@ from typing import IO, Any
 
 from certs import hsm, pki
 from filters.engine.wss import secure_conversation as sc
-from gateway.control.supervisor import Gateway, Options, default_workers
+from gateway.control.supervisor import Gateway, Options, default_workers, free_ports
 from gateway.policy import PolicySet, load_dir
-from loadtest import engine_cpu, targets, variants
+from loadtest import engine_cpu, outbound, targets, variants
 from loadtest.archive import with_archive
 from loadtest.messages import (
     ENCRYPTED_KEY,
@@ -68,6 +68,7 @@ LUA = HERE / "bench.lua"
 DEFAULT_OUT = HERE / "out"
 DEFAULT_POLICIES = HERE / "policies"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+BENCH_PROFILES = {**PROFILES, **outbound.PROFILES}  # the inbound rows, then the outbound ones (loadtest/outbound.py)
 
 # Upper bounds on what any XML route can reach, used to size the body pools before `xml` itself was measured
 # (secured routes do everything `xml` does and more, so xml's measured rate bounds theirs once known).
@@ -161,7 +162,10 @@ def bench_gateway(policies: Path, certs: Path, run_dir: Path, workers: int, **op
     """The gateway on free loopback ports, with the demo backend; BACKEND_ADDR and WSGATE_BENCH_CERTS set for
     the policies (and for the processes that generate messages from them). `options`: more gateway Options."""
     opts = Options.on_free_ports(workers, policies=policies, certs=certs, run_dir=run_dir, **options)
-    with _env(BACKEND_ADDR=opts.backend or "", WSGATE_BENCH_CERTS=str(certs)):
+    # The outbound routes' listener, and their partner: this gateway's HTTPS listener (loadtest/outbound.py).
+    partner, listen = f"127.0.0.1:{opts.https_port}", f"127.0.0.1:{free_ports(1)[0]}"
+    with _env(BACKEND_ADDR=opts.backend or "", WSGATE_BENCH_CERTS=str(certs), WSGATE_BENCH_PARTNER=partner,
+              WSGATE_BENCH_OUTBOUND=listen):  # fmt: skip
         with Gateway(opts) as gw:
             yield gw
 
@@ -304,7 +308,7 @@ def _factory(profile: str, context: sc.Context | None = None) -> Factory:
     if profile not in _factories:
         assert _gen_args is not None
         policies, certs, hmac_key = _gen_args
-        _factories[profile] = Factory(profile, load_dir(policies), certs=certs, hmac_key=hmac_key)
+        _factories[profile] = Factory(BENCH_PROFILES[profile], load_dir(policies), certs=certs, hmac_key=hmac_key)
     factory = _factories[profile]
     if factory.client is not None and context is not None:
         factory.client.context = context  # secureconversation: the context bench.py established
@@ -519,12 +523,12 @@ class Bench:
 
     def context(self, profile: str) -> sc.Context | None:
         """secureconversation: one context, established once through the gateway, for the whole bench."""
-        if not PROFILES[profile].context:
+        if not BENCH_PROFILES[profile].context:
             return None
         if profile not in self.contexts:
             factory = Factory(profile, self.policies, certs=self.gw.opts.certs, hmac_key=self.hmac_key)
-            route = self.policies.route(PROFILES[profile].route)
-            tls = PROFILES[profile].tls
+            route = self.policies.route(BENCH_PROFILES[profile].route)
+            tls = BENCH_PROFILES[profile].tls
             self.contexts[profile] = factory.establish(
                 f"{self.url(tls)}{route.match.path_prefix}demo", verify=str(self.gw.opts.certs / "ca.pem")
             )
@@ -540,13 +544,22 @@ class Bench:
         return prefix, total, time.perf_counter() - started
 
     def measure(self, profile_name: str, size: str) -> Point:
-        profile = PROFILES[profile_name]
+        profile = BENCH_PROFILES[profile_name]
         route = self.policies.route(profile.route)
         path = f"{route.match.path_prefix}demo"
-        url = self.url(profile.tls)
+        # Outbound rows: plain SOAP to the route's own listener (the gateway secures it for its partner).
+        url = f"http://{route.outbound.listen}" if route.outbound else self.url(profile.tls)
         ctype = "text/xml; charset=utf-8"
         point = Point(profile_name, size, route.name)
         duration = self.huge_duration if size == "huge" else self.duration
+
+        if route.outbound is not None:
+            # One call first: an outbound secureconversation route gets its context now, not under load (its
+            # partner, this gateway, would find every worker busy waiting for it).
+            body = _make_messages(profile_name, "small", 1)[0].body
+            request = urllib.request.Request(url + path, data=body, headers={"content-type": ctype})
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                reply.read()
 
         # Saturation.
         once = profile.secured
@@ -635,7 +648,8 @@ class Bench:
         point.paced_errors = len(result.errors) + sum(c for s, c in result.statuses.items() if s != 200)
         for err in result.errors[:3]:
             point.notes.append(f"paced: {err}")
-        factory = Factory(profile, self.policies, certs=self.gw.opts.certs, hmac_key=self.hmac_key, context=ctx)
+        factory = Factory(BENCH_PROFILES[profile], self.policies, certs=self.gw.opts.certs, hmac_key=self.hmac_key,
+                          context=ctx)  # fmt: skip
         for i, (status, reply) in sorted(result.replies.items()):
             try:
                 factory.check(status, reply, messages[i])
@@ -685,7 +699,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def report(points: list[Point], floors: targets.Floors, out: IO[str]) -> None:
     normalize(points)
-    profiles = [p for p in PROFILES if any(x.profile == p for x in points)]
+    profiles = [p for p in BENCH_PROFILES if any(x.profile == p for x in points)]
     sizes = [s for s in SIZES if any(x.size == s for x in points)]
     at = {(p.profile, p.size): p for p in points}
 
@@ -763,6 +777,7 @@ def report(points: list[Point], floors: targets.Floors, out: IO[str]) -> None:
             ])  # fmt: skip
         print(_table(header, rows), file=out)
 
+    outbound.report(points, out)
     targets.report(lambda prof, size: at.get((prof, size)), floors, out)
 
     problems = [p for p in points if p.errors or p.paced_errors or p.verify_failures or p.faults or p.notes
@@ -827,7 +842,7 @@ def write_chart(points: list[Point], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    profiles = [p for p in PROFILES if any(x.profile == p for x in points)]
+    profiles = [p for p in BENCH_PROFILES if any(x.profile == p for x in points)]
     sizes = [s for s in SIZES if any(x.size == s for x in points)]
     at = {(p.profile, p.size): p for p in points}
     fig, axes = plt.subplots(2, 2, figsize=(14, 9))
@@ -875,7 +890,7 @@ def write_chart(points: list[Point], path: Path) -> None:
 
 
 def run_bench(
-    profiles: Iterable[str] = tuple(PROFILES),
+    profiles: Iterable[str] = tuple(BENCH_PROFILES),
     sizes: Iterable[str] = ("small", "large", "huge"),
     duration: float = 10.0,
     huge_duration: float = 5.0,
@@ -897,16 +912,18 @@ def run_bench(
     `engine_scale` multiplies its exchange counts, 0 skips it)."""
     profiles, sizes = list(profiles), list(sizes)
     for p in profiles:
-        if p not in PROFILES:
-            raise ValueError(f"unknown profile {p!r}: one of {', '.join(PROFILES)}")
+        if p not in BENCH_PROFILES:
+            raise ValueError(f"unknown profile {p!r}: one of {', '.join(BENCH_PROFILES)}")
     for s in sizes:
         if s not in SIZES:
             raise ValueError(f"unknown size {s!r}: one of {', '.join(SIZES)}")
     # Plain first: `none` is the baseline, and xml's rate bounds the secured routes' pool sizes.
-    profiles = sorted(profiles, key=list(PROFILES).index)
+    profiles = sorted(profiles, key=list(BENCH_PROFILES).index)
     out = Path(out).resolve()
     certs = pki.init(Path(certs)).resolve()
     policies = Path(policies).resolve()
+    if any(p in outbound.PROFILES for p in profiles):
+        policies = outbound.policy_dir(policies, out / "policies-outbound")
     workers = workers or default_workers()
     started = time.monotonic()
     points: list[Point] = []
@@ -948,10 +965,11 @@ def run_bench(
                     )
         shutil.rmtree(out / "bodies", ignore_errors=True)
     report(points, targets.measure_floors(sizes), log)
-    if engine_scale > 0 and engine_cpu.secured(profiles):
+    inbound = [p for p in profiles if p in PROFILES]  # the engine's in-process measure has no outbound rows
+    if engine_scale > 0 and engine_cpu.secured(inbound):
         with _env(WSGATE_BENCH_CERTS=str(certs)):
             policy_set = load_dir(policies)
-        engine_cpu.report(engine_cpu.run(profiles, sizes, policy_set, certs, engine_scale), log)
+        engine_cpu.report(engine_cpu.run(inbound, sizes, policy_set, certs, engine_scale), log)
     write_csv(points, out / "bench.csv")
     written = [out / "bench.csv"]
     if chart:
@@ -960,7 +978,7 @@ def run_bench(
     gen = sum(p.gen_s for p in points)
     print(
         f"\nWrote {', '.join(str(w) for w in written)}; {time.monotonic() - started:.0f} s in all, of which "
-        f"{gen:.0f} s pre-generating {sum(p.pool for p in points if PROFILES[p.profile].secured):,} secured "
+        f"{gen:.0f} s pre-generating {sum(p.pool for p in points if BENCH_PROFILES[p.profile].secured):,} secured "
         "saturation bodies",
         file=log,
         flush=True,
@@ -984,7 +1002,7 @@ def hsm_policies(policies: Path, certs: Path, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated: " + ", ".join(PROFILES))
+    p.add_argument("--profiles", default=",".join(BENCH_PROFILES), help="comma-separated: " + ", ".join(BENCH_PROFILES))
     p.add_argument("--sizes", default="small,large,huge", help="comma-separated: small, large, huge")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of wrk per point")
     p.add_argument("--huge-duration", type=float, default=5.0, help="seconds of wrk per huge point")

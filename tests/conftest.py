@@ -101,7 +101,7 @@ def client_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]
             def now(cls, tz: Any = None) -> Any:
                 return datetime.now(tz) + delta
 
-        monkeypatch.setattr("gateway.tools.client.datetime", Shifted)
+        monkeypatch.setattr("filters.engine.requester.datetime", Shifted)
 
     return shift
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from filters.engine import faults, metrics
+from filters.engine.outbound import OutboundPipeline
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
 from filters.engine.profiles import SamlPipeline, SecureConversationPipeline, SecuredPipeline, Stores
 from filters.engine.wss import inventory
@@ -21,6 +22,8 @@ __all__ = ["Engine", "Exchange", "Outcome", "RoutePipeline", "Stores", "build_pi
 def build_pipeline(route: Route, stores: Stores) -> RoutePipeline:
     """`stores`: what the secured profiles keep outside the engine (filters/stores/factory.py builds them; a
     deferred replay store is not called: the keys go out with the verdict, Outcome.replay)."""
+    if route.is_outbound:
+        return OutboundPipeline(route, stores)
     if route.profile == "xml":
         return RoutePipeline(route)
     if route.profile == "secureconversation":

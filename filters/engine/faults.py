@@ -73,6 +73,8 @@ REASON_CLASSES: tuple[tuple[str, str], ...] = (
     ("busy", "busy"),
     ("body too large", "body too large"),
     ("backend response refused", "backend response refused"),
+    ("partner reply refused", "partner reply refused"),
+    ("outbound request not secured", "outbound request not secured"),
     ("schema invalid", "schema"),
     ("content-length not a number", "content-length not a number"),
     ("request without a body", "request without a body"),

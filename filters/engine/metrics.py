@@ -30,6 +30,21 @@ CERTIFICATE_NOT_AFTER = Gauge(
     "trust_anchor, intermediate, known_signer (filters/engine/wss/inventory.py)",
     ["route", "use"],
 )
+# Outbound routes (filters/engine/outbound.py), labelled by route: the policy names the partners.
+PARTNER_SECONDS = Histogram(
+    "wsgate_outbound_partner_seconds",
+    "From the secured request handed to Envoy to the partner's reply reaching the filter (outbound routes)",
+    ["route"],
+    buckets=(1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PARTNER_REPLIES = Counter(
+    "wsgate_outbound_replies", "Partner replies by outcome: verified (handed on) or refused", ["route", "outcome"]
+)
+PARTNER_CONTEXT_ISSUES = Counter(
+    "wsgate_outbound_context_issues",
+    "Security contexts issued by partners' STS (outbound secureconversation)",
+    ["route"],
+)
 STAGE = Histogram(
     "wsgate_stage_seconds",
     "Time per processing stage",

@@ -18,7 +18,7 @@ from lxml import etree
 
 from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
-from filters.engine.conversation.contexts import ContextStore, store_resolver
+from filters.engine.conversation.contexts import ContextStore, PartnerContexts, store_resolver
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
 from filters.engine.wss import encryption, keys, saml, saml_issuer, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
@@ -55,6 +55,16 @@ class Stores(Protocol):
         """The signer's revocation status (route.rsa.revocation, mode not "off")."""
         ...
 
+    def partner_contexts(self, route: Route) -> PartnerContexts:
+        """The context an outbound `secureconversation` route holds with its partner."""
+        ...
+
+    def partner_sts(self, route: Route) -> Post:
+        """Posts to the partner's STS (outbound `secureconversation`): (body, content type) -> reply body."""
+        ...
+
+
+Post = Callable[[bytes, str], bytes]  # (body, content type) -> reply body
 
 # What secures a message: the signature, the encryption, tokens to put first in the header.
 ResponseSecurity = tuple[sending.SignWith | None, sending.EncryptFor | None, tuple[etree._Element, ...]]
@@ -92,7 +102,7 @@ class SecuredPipeline(RoutePipeline):
         elif x509 and route.encryption.require_request:
             raise faults.server(f"route {route.name}: decryption key {opts.decryption_key} missing")
         if x509:
-            self.credentials.trust = _trust_store(route, stores)
+            self.credentials.trust = trust_store(route, stores)
             self.credentials.known_certificates = keys.load_certificates(route.rsa.known_certificates)
             self.certificate = keys.load_certificate(route.rsa.certificate)
             self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
@@ -429,7 +439,7 @@ def _rotating_keys(
     return out
 
 
-def _trust_store(route: Route, stores: Stores) -> keys.TrustStore:
+def trust_store(route: Route, stores: Stores) -> keys.TrustStore:
     """The X.509 signer's trust (`rsa`, and the `secureconversation` bootstrap): anchors, intermediates,
     allow-list, revocation."""
     opts = route.rsa

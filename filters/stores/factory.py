@@ -11,9 +11,10 @@ from functools import cache
 from cryptography import x509
 
 from filters.engine import faults
-from filters.engine.conversation.contexts import ContextStore
+from filters.engine.conversation.contexts import ContextStore, PartnerContexts
+from filters.engine.profiles import Post
 from filters.engine.wss.replay import PROCESS_STARTED_MS, ReplayCache
-from filters.stores import auth_throttle, contexts, replay
+from filters.stores import auth_throttle, contexts, partner_contexts, replay
 from filters.stores.revocation import RevocationChecker
 from gateway.policy import REDIS_URL_ENV, Route
 
@@ -22,11 +23,13 @@ class RouteStores:
     """`defer_replay`: a Redis replay store is left to the caller (the filter worker's frame sets the keys that go
     out with the verdict), except rediss:// (the frame speaks no TLS to Redis)."""
 
-    def __init__(self, defer_replay: bool = False) -> None:
+    def __init__(self, defer_replay: bool = False, redis_url: str | None = None) -> None:
+        """`redis_url`: the shared Redis where a route names none (None: WSGATE_REDIS_URL)."""
         self.defer_replay = defer_replay
+        self.redis_url = redis_url
 
     def replay(self, route: Route) -> ReplayCache | replay.DeferredRedisReplay:
-        url = _shared_store_url(route)
+        url = _shared_store_url(route, self.redis_url)
         if url and self.defer_replay and url.startswith(("redis://", "unix://")):
             return _deferred_store(url)
         return _redis_store(url) if url else _memory_store(route.replay.max_entries)
@@ -36,7 +39,7 @@ class RouteStores:
     ) -> auth_throttle.MemoryFailureThrottle | auth_throttle.RedisFailureThrottle:
         """In Redis where the replay store is, else in this worker's memory (counted afresh after a policy reload)."""
         ut = route.username_token
-        url = _shared_store_url(route)
+        url = _shared_store_url(route, self.redis_url)
         if url:
             return _redis_throttle(url, route.name, ut.max_failures, ut.failure_window_s)
         return auth_throttle.MemoryFailureThrottle(ut.max_failures, ut.failure_window_s)
@@ -47,11 +50,18 @@ class RouteStores:
     def revocation(self, route: Route, issuers: Sequence[x509.Certificate]) -> RevocationChecker:
         return RevocationChecker(route.rsa.revocation, issuers)
 
+    def partner_contexts(self, route: Route) -> PartnerContexts:
+        """Where the route's replay store is: Redis shares one context among all workers."""
+        return partner_contexts.make(route, _shared_store_url(route, self.redis_url))
 
-def _shared_store_url(route: Route) -> str | None:
+    def partner_sts(self, route: Route) -> Post:
+        return partner_contexts.sts_post(route)
+
+
+def _shared_store_url(route: Route, default: str | None = None) -> str | None:
     """The Redis URL the route's replay store uses, or None when it keeps to the worker's memory."""
     policy = route.replay
-    url = policy.redis_url or os.environ.get(REDIS_URL_ENV)
+    url = policy.redis_url or default or os.environ.get(REDIS_URL_ENV)
     if policy.store == "memory" or (policy.store == "auto" and not url):
         return None
     if not url:

@@ -326,7 +326,14 @@ def cmd_import(args: argparse.Namespace) -> int:
             path = Path(source)
             data = path.read_bytes()
         imported = import_wsdl(
-            data, path, source, service=args.service, port=args.port, upstream=args.upstream, validate=args.validate
+            data,
+            path,
+            source,
+            service=args.service,
+            port=args.port,
+            upstream=args.upstream,
+            validate=args.validate,
+            outbound=args.listen if args.outbound else None,
         )
     except (WsdlImportError, OSError) as exc:
         print(f"wsgate import: {exc}", file=sys.stderr)
@@ -424,6 +431,12 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--port", help="only this wsdl:port")
     imp.add_argument("--upstream", help="host:port of the backend, instead of the soap:address's")
     imp.add_argument("--validate", action="store_true", help="turn on schema validation (schema_validation:)")
+    imp.add_argument(
+        "--outbound",
+        action="store_true",
+        help="a partner's WSDL: outbound routes that secure the applications' calls (docs/outbound.md)",
+    )
+    imp.add_argument("--listen", default="127.0.0.1:9300", help="with --outbound: the applications' listener")  # fmt: skip
     imp.add_argument("--save-wsdl", type=Path, help="where a fetched WSDL is kept (default: beside --out)")
     imp.add_argument("-o", "--out", type=Path, help="write the policy file here (default: standard output)")
     imp.set_defaults(func=cmd_import)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import yaml
 
 from filters.engine.xml.wsdl import DocumentError
-from gateway.control import rate_limit, tracing, wsdl_publish
+from gateway.control import outbound_config, rate_limit, tracing, wsdl_publish
 from gateway.policy import OPERATION_HEADER, Edge, PolicyError, PolicySet, Route
 
 EXT_PROC = "envoy.filters.http.ext_proc"
@@ -44,6 +45,10 @@ class Topology:
     filter_timeout_ms: int = 3000  # RSA work at saturation needs more than Envoy's 200 ms default
     max_heap_mb: int = 1024  # Envoy's heap: over 95% of it, new requests get 503 (overload manager)
     ratelimit: str = "127.0.0.1:8089"  # the Envoy rate-limit service's gRPC (routes with quotas)
+    # Where outbound listeners bind (their routes' ports): None, the route's own address; Compose and Kubernetes
+    # bind every interface of the container, which only the applications reach (an unpublished port; a
+    # NetworkPolicy, gateway/control/kubernetes.py).
+    outbound_bind: str | None = None
 
 
 def compose_topology() -> Topology:
@@ -53,6 +58,7 @@ def compose_topology() -> Topology:
         bind="0.0.0.0",
         certs_dir="/certs",
         config_dir="/config",
+        outbound_bind="0.0.0.0",
     )
 
 
@@ -207,11 +213,12 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
     """Envoy routes for one policy route (three per SOAPAction matched: the 1.1 header, bare or quoted, or the 1.2
     content-type action; a fourth where the route takes MTOM), after its published documents' GET routes."""
     matches: list[dict[str, Any]] = []
+    actions: list[str | None] = []  # each match's SOAPAction
     # Case-insensitive: a backend that ignores case (IIS) must not read /RSA/ as a route Envoy did not choose.
     base = {"prefix": route.match.path_prefix, "case_sensitive": False}
-    if route.match.soap_action is None:
-        matches.append(base)
-    for action in route.match.soap_actions:
+    # The operations an outbound route retries get their own matches, before the route's catch-all.
+    retried = route.outbound.retry.operations if route.outbound and route.match.soap_action is None else []
+    for action in [*route.match.soap_actions, *retried]:
         for header, value in (("soapaction", action), ("soapaction", f'"{action}"')):
             matches.append({**base, "headers": [{"name": header, "string_match": {"exact": value}}]})
         spellings = [f'action="{action}"']
@@ -221,6 +228,10 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
             {**base, "headers": [{"name": "content-type", "string_match": {"contains": spelling}}]}
             for spelling in spellings
         ]
+        actions += [action] * (2 + len(spellings))
+    if route.match.soap_action is None:
+        matches.append(base)
+        actions.append(None)
 
     refusals = []
     if route.touches_xml:
@@ -231,7 +242,7 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
     entries = []
     if route.name in published and (tls_listener or not route.https_only):
         entries += _wsdl_entries(route, published[route.name], _access(route))
-    for m in matches:
+    for m, action in zip(matches, actions, strict=True):
         entry: dict[str, Any] = {"name": route.name, "match": m}
         if route.https_only and not tls_listener:
             # An HTTPS-only route is not served over plain HTTP: 426 Upgrade Required (a SOAP fault), never the backend.
@@ -242,6 +253,8 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
         entry["route"] = {"cluster": f"upstream_{route.name}", "timeout": f"{route.upstream.timeout_s:g}s"}
         if route.quotas.enabled:
             entry["route"]["rate_limits"] = rate_limit.route_rate_limits(route)
+        if retry := outbound_config.retry_policy(route, action):
+            entry["route"]["retry_policy"] = retry
         if route.touches_xml:
             # The filter needs whole bodies: Envoy buffers up to this route's own limit (413 or 502 beyond).
             entry["request_body_buffer_limit"] = max(route.limits.max_body_bytes, route.response_limits.max_body_bytes)
@@ -264,6 +277,8 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
             ]  # fmt: skip
         elif route.tls.subject_header:
             entry["request_headers_to_remove"] = [route.tls.subject_header, *quota_only]
+        if route.is_outbound:  # the partner learns nothing of the internal network
+            entry["request_headers_to_remove"] = [*entry.get("request_headers_to_remove", []), *INTERNAL_HEADERS]
         entries.append(entry)
     return entries + refusals
 
@@ -288,6 +303,8 @@ def _access(route: Route) -> dict[str, Any]:
 # read as another path is refused here (400): a `;` path parameter (Tomcat and Jetty drop `;...` from a segment),
 # a percent-encoded control, `%`, `;`, `?`, `#` or overlong UTF-8 lead (%C0.., %E0%80.., %F0%80..), a bad escape.
 AMBIGUOUS_PATH = r"(?i).*(?:;|%(?:[01][0-9a-f]|7f|2[35]|3[bf]|c[01]|e0%[89]|f0%8)|%(?:[^0-9a-f]|.[^0-9a-f]|.?$)).*"
+# What Envoy writes about the internal caller, removed from outbound calls to a partner.
+INTERNAL_HEADERS = ["x-forwarded-for", "x-forwarded-proto", "x-request-id", "x-envoy-external-address"]
 # Headers the gateway vouches for or Envoy writes: never taken from a client, on every route, before routing.
 GATEWAY_HEADER_PREFIXES = ("x-wsgate-", "x-envoy-")
 FORWARDING_PREFIX = "x-forwarded-"
@@ -350,13 +367,16 @@ def _edge_settings(edge: Edge) -> dict[str, Any]:
 
 
 def _http_connection_manager(
-    policies: PolicySet, topo: Topology, tls_listener: bool, published: Published, trusted_trace: bool = False
-) -> dict[str, Any]:
-    name = "https" if tls_listener else "http"
+    policies: PolicySet, topo: Topology, tls_listener: bool, published: Published, trusted_trace: bool = False,
+    served: list[Route] | None = None, name: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """`served`: the listener's routes (None: the inbound ones, on the public listeners)."""
+    name = name or ("https" if tls_listener else "http")
+    served = [r for r in policies.routes if not r.is_outbound] if served is None else served
     refused = {"name": "ambiguous-path", "match": {"safe_regex": {"regex": AMBIGUOUS_PATH}},
                "direct_response": {"status": 400}, "typed_per_filter_config": _DISABLED}  # fmt: skip
     # The most specific match first, whatever the file order: a `none` route on `/` never shadows `/rsa/`.
-    ordered = sorted(policies.routes, key=lambda r: (-len(r.match.path_prefix), r.match.soap_action is None))
+    ordered = sorted(served, key=lambda r: (-len(r.match.path_prefix), r.match.soap_action is None))
     routes = [refused, *(e for r in ordered for e in _route_entries(r, tls_listener, published))]
     # Anything no policy names is answered here, as a SOAP fault, and never reaches the filter or a backend.
     routes.append({
@@ -508,7 +528,20 @@ def _listeners(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
             },
         ),
     }
-    return [plain, tls]
+    outbound_config.check_ports(policies, {(topo.bind, topo.http_port), (topo.bind, topo.https_port)},
+                                topo.outbound_bind)  # fmt: skip
+    outbound = []
+    for address, routes in outbound_config.listeners(policies).items():
+        name = "outbound_" + re.sub(r"[^0-9A-Za-z]+", "_", address).strip("_")
+        tls_socket = outbound_config.listener_tls(routes[0])
+        hcm = _http_connection_manager(policies, topo, tls_socket is not None, published, served=routes, name=name)
+        chain: dict[str, Any] = {"filters": [hcm]}
+        if tls_socket is not None:
+            chain["transport_socket"] = tls_socket
+        bound = f"{topo.outbound_bind}:{address.rsplit(':', 1)[1]}" if topo.outbound_bind else address
+        outbound.append({"name": name, "address": _address(bound), "per_connection_buffer_limit_bytes": buffer_limit,
+                         "filter_chains": [chain]})  # fmt: skip
+    return [plain, tls, *outbound]
 
 
 def _cluster(name: str, endpoints: list[str], dns: bool) -> dict[str, Any]:
@@ -584,14 +617,18 @@ def _clusters(policies: PolicySet, topo: Topology) -> list[dict[str, Any]]:
                 if r.upstream.ca
                 else {"trusted_ca": {"filename": "/etc/ssl/certs/ca-certificates.crt"}}
             )
-            c["transport_socket"] = {
-                "name": "envoy.transport_sockets.tls",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                    "sni": r.upstream.sni or r.upstream.host,
-                    "common_tls_context": {"validation_context": validation},
-                },
-            }
+            c["transport_socket"] = (
+                outbound_config.upstream_tls(r, validation)
+                if r.is_outbound
+                else {
+                    "name": "envoy.transport_sockets.tls",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                        "sni": r.upstream.sni or r.upstream.host,
+                        "common_tls_context": {"validation_context": validation},
+                    },
+                }
+            )
         clusters.append(c)
     return clusters
 

@@ -31,6 +31,8 @@ from gateway.policy import DEFAULT_BODY_BUDGET_MB, GRACE_SECONDS, REDIS_URL_ENV,
 
 NAMESPACE = "wsgate"
 ENVOY, FILTER, REDIS, BACKEND = "wsgate-envoy", "wsgate-filter", "wsgate-redis", "wsgate-backend"
+OUTBOUND = "wsgate-outbound"  # the outbound listeners' Service and NetworkPolicy (docs/outbound.md)
+OUTBOUND_CLIENT = {"wsgate.io/outbound-client": "true"}  # the label of the applications' pods, any namespace
 ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"  # the official image, as in Compose
 REDIS_IMAGE = "redis:7-alpine"
 WSGATE_IMAGE = "wsgate"  # the project's image (gateway/Dockerfile); the kustomization's `images:` names its registry
@@ -67,7 +69,7 @@ def topology() -> envoy_config.Topology:
     """Compose's topology with the cluster's names: the filters' headless Service resolves to every ready pod."""
     return envoy_config.Topology(
         filter_endpoints=(f"{FILTER}:{FILTER_PORT}",), filter_dns=True, bind="0.0.0.0", certs_dir="/certs",
-        config_dir="/config", max_heap_mb=ENVOY_HEAP_MB,
+        config_dir="/config", max_heap_mb=ENVOY_HEAP_MB, outbound_bind="0.0.0.0",
     )  # fmt: skip
 
 
@@ -204,7 +206,12 @@ def envoy_objects(policies: PolicySet, topo: envoy_config.Topology, opts: Option
             "--drain-strategy",
             "immediate",
         ],
-        "ports": [_port("http", topo.http_port), _port("https", topo.https_port), _port("admin", admin)],
+        "ports": [
+            _port("http", topo.http_port),
+            _port("https", topo.https_port),
+            _port("admin", admin),
+            *(_port(name, port) for name, port in _outbound_ports(policies)),
+        ],
         "resources": {
             "requests": {"cpu": "500m", "memory": "256Mi"},
             "limits": {"cpu": "2", "memory": f"{ENVOY_HEAP_MB + 256}Mi"},
@@ -229,7 +236,16 @@ def envoy_objects(policies: PolicySet, topo: envoy_config.Topology, opts: Option
     # An ordinary Service in front (ClusterIP: an overlay makes it a LoadBalancer with externalTrafficPolicy: Local,
     # so that Envoy sees the client's address, xff_num_trusted_hops: 0).
     service = _service(ENVOY, [("http", topo.http_port), ("https", topo.https_port)])
-    return [config, _deployment(ENVOY, pod), service, *_autoscaled(ENVOY, opts.envoy_replicas)]
+    objs = [config, _deployment(ENVOY, pod), service, *_autoscaled(ENVOY, opts.envoy_replicas)]
+    if outbound := _outbound_ports(policies):
+        # The applications' own Service: Envoy's pods, the outbound ports only (never behind the public one).
+        objs.append({**_service(ENVOY, outbound), "metadata": _meta(OUTBOUND, OUTBOUND)})
+    return objs
+
+
+def _outbound_ports(policies: PolicySet) -> list[tuple[str, int]]:
+    ports = sorted({r.outbound.port for r in policies.routes if r.outbound is not None})
+    return [(f"outbound-{i}", p) for i, p in enumerate(ports)]
 
 
 def filter_key_files(policies: PolicySet) -> list[str]:
@@ -240,6 +256,10 @@ def filter_key_files(policies: PolicySet) -> list[str]:
         if route.upstream.ca:
             raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: field upstream.ca: the "
                               "kubernetes target verifies upstreams against the system's CAs only")  # fmt: skip
+        if route.outbound is not None and (route.outbound.mtls or route.outbound.client_certificate):
+            raise PolicyError(f"{policies.sources[route.name]}: route {route.name}: field outbound: the kubernetes "
+                              "target renders no mtls listener or client certificate for outbound routes yet: the "
+                              "NetworkPolicy admits the applications")  # fmt: skip
         for value in _key_settings(route):
             name = value.removeprefix(prefix)
             if value.endswith(KEY_FILE_SUFFIXES) and (name == value or "/" in name):
@@ -255,8 +275,10 @@ def _key_settings(route: Route) -> list[str]:
     if route.profile not in ("hmac", "rsa", "secureconversation", "saml"):
         return []  # no keys: `none` and `tls` never reach the filters, `xml` checks structure only
     sections: list[Any] = [route.username_token, route.hmac if route.profile == "hmac" else route.rsa]
-    if route.profile == "secureconversation" and route.secureconversation.store == "sealed":
+    if route.profile == "secureconversation" and route.secureconversation.store == "sealed" and not route.is_outbound:
         sections.append(route.secureconversation)
+    if route.outbound is not None:  # the partner's certificate, the credentials file
+        sections.append(route.outbound)
     if route.saml is not None:
         sections.append(route.saml)
     return [v for section in sections for v in _strings(section.model_dump())]
@@ -477,6 +499,9 @@ def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Opt
     dns = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
            "ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]}  # fmt: skip
+    inbound = [r for r in policies.routes if not r.is_outbound]
+    outbound = [r for r in policies.routes if r.is_outbound]
+    sts = [r for r in outbound if r.profile == "secureconversation"]  # the filters ask the partner's STS
     if opts.redis == "demo":
         to_redis = {"to": [_pods_of(REDIS)], "ports": _tcp(REDIS_PORT)}
     else:
@@ -487,11 +512,18 @@ def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Opt
     out = [
         _network_policy("default-deny", {}, ingress=[], egress=[]),
         _network_policy(ENVOY, _pods_of(ENVOY)["podSelector"], ingress=[{"ports": _tcp(topo.http_port, topo.https_port)}],
-                        egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(policies.routes, opts), dns, *traces]),
+                        egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(inbound, opts), dns, *traces]),
         _network_policy(FILTER, _pods_of(FILTER)["podSelector"],
                         ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(FILTER_PORT)}],
-                        egress=[to_redis, dns, *traces, *kubernetes_pkcs11.egress(opts.hsm_ports)]),
+                        egress=[to_redis, *_upstream_egress(sts, opts), dns, *traces,
+                                *kubernetes_pkcs11.egress(opts.hsm_ports)]),
     ]  # fmt: skip
+    if outbound:
+        # Applications in (pods labelled OUTBOUND_CLIENT, any namespace), partners out.
+        apps = {"namespaceSelector": {}, "podSelector": {"matchLabels": OUTBOUND_CLIENT}}
+        ports = _tcp(*(p for _, p in _outbound_ports(policies)))
+        out.append(_network_policy(OUTBOUND, _pods_of(ENVOY)["podSelector"], ingress=[{"from": [apps], "ports": ports}],
+                                   egress=_upstream_egress(outbound, opts)))  # fmt: skip
     if opts.redis == "demo":
         out.append(_network_policy(REDIS, _pods_of(REDIS)["podSelector"],
                                    ingress=[{"from": [_pods_of(FILTER)], "ports": _tcp(REDIS_PORT)}]))  # fmt: skip

@@ -29,7 +29,11 @@ METRO_SIGNATURE_ALGORITHM = "signatureAlgorithm"
 
 
 def rewrite(definitions: etree._Element, route: Route) -> None:
-    """Put the route's client-facing policy into a WSDL document (a copy: it is changed in place)."""
+    """Put the route's client-facing policy into a WSDL document (a copy: it is changed in place). An outbound
+    route's applications send plain SOAP: the partner's policy is removed and none put in its place."""
+    if route.is_outbound:
+        _strip(definitions)
+        return
     if route.profile in _REPLACED:
         _strip(definitions)
     elif route.profile != "tls" or _has_policy(definitions):

@@ -23,7 +23,11 @@ from pathlib import Path
 import redis
 
 from certs import pki
+from filters.engine import faults
+from filters.engine.outbound import OutboundPipeline
+from filters.engine.requester import RequesterError
 from filters.stores import replay
+from filters.stores.factory import RouteStores
 from gateway.control import envoy_config, envoy_delivery, rate_limit
 from gateway.control.documents import load_checked
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, REDIS_URL_ENV, PolicyError, PolicySet, check_body_budget
@@ -513,18 +517,26 @@ class Gateway:
             self.stop()
 
     def stop(self) -> None:
-        # Envoy first so no new request reaches a stopping worker; then the workers finish in-flight exchanges.
-        procs = [self.envoy, *self.workers, *self.retiring, self.backend, self.ratelimit, self.redis]
-        procs = [p for p in procs if p is not None and p.poll() is None]
-        for p in procs:
-            p.terminate()
-        deadline = time.monotonic() + 10
-        for p in procs:
+        # Envoy first so no new request reaches a stopping worker; then the workers finish in-flight exchanges;
+        # then the contexts outbound routes hold with partners are cancelled, while Redis still has them.
+        _terminate([self.envoy, *self.workers, *self.retiring])
+        self._cancel_partner_contexts()
+        _terminate([self.backend, self.ratelimit, self.redis])
+
+    def _cancel_partner_contexts(self) -> None:
+        """Each outbound secureconversation route's shared context (in Redis) is cancelled with its partner, once."""
+        routes = [r for r in (self.policies.routes if self.policies else []) if r.is_outbound and r.touches_xml]
+        routes = [r for r in routes if r.profile == "secureconversation"]
+        url = self.env.get(REDIS_URL_ENV)
+        if not routes or not url or (self.redis is not None and self.redis.poll() is not None):
+            return
+        stores = RouteStores(redis_url=url)
+        for r in routes:
             try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+                if OutboundPipeline(r, stores).cancel_context():
+                    log.info("route %s: the context with the partner is cancelled", r.name)
+            except (RequesterError, faults.Fault, OSError) as exc:
+                log.warning("route %s: the context with the partner was not cancelled: %s", r.name, exc)
 
     def __enter__(self) -> Gateway:
         try:
@@ -536,3 +548,16 @@ class Gateway:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _terminate(procs: list[subprocess.Popen[bytes] | None]) -> None:
+    running = [p for p in procs if p is not None and p.poll() is None]
+    for p in running:
+        p.terminate()
+    deadline = time.monotonic() + 10
+    for p in running:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -31,7 +31,11 @@ class Document:
 
 
 def base_url(route: Route, edge: Edge, host: str, http_port: int, https_port: int) -> str:
-    """Scheme, host and port clients reach the route at."""
+    """Scheme, host and port clients reach the route at: an outbound route's own listener (docs/outbound.md)."""
+    if route.outbound is not None:
+        out = route.outbound
+        listen_host = f"[{out.host}]" if ":" in out.host else out.host
+        return f"{'https' if out.mtls else 'http'}://{listen_host}:{out.port}"
     if edge.public_url:
         return edge.public_url
     if host in ("0.0.0.0", "::", ""):  # every interface: name the machine itself

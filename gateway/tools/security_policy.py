@@ -493,3 +493,43 @@ def _security_route(st: _State) -> dict[str, object]:
         route["username_token"] = {"required": True, "users_file": DEMO_USERS, "password_types": st.password_types,
                                    "protection": protection}  # fmt: skip
     return route
+
+
+# `wsgate import --outbound`: the partner's files, for the operator to provide (docs/outbound.md).
+PARTNER_FILES = {
+    "ca": "certs/out/partner-ca.pem",  # the partner's TLS and signing CA
+    "certificate": "certs/out/partner.pem",  # what requests are encrypted to
+    "credentials": "certs/out/partner-credentials.yaml",  # the UsernameToken the partner expects
+}
+
+
+def as_outbound(route: dict[str, object], listen: str, mapped: Mapped) -> bool:
+    """The other side of the mapping: the route a partner's policy asks of its callers, for the gateway calling
+    it on the applications' behalf (`direction: outbound`). The same fields, seen from the partner: what it
+    requires encrypted the gateway encrypts, what it encrypts the gateway requires so. False: nothing to secure."""
+    profile = route["profile"]
+    if profile not in ("rsa", "hmac", "secureconversation"):
+        mapped.unmapped.append(f"profile {profile}: an outbound route secures rsa, hmac or secureconversation")
+        return False
+    upstream = route["upstream"]
+    assert isinstance(upstream, dict)
+    if not upstream.get("tls"):
+        mapped.unmapped.append("the partner's address is http: the gateway calls partners over HTTPS only")
+    upstream.update(tls=True, ca=PARTNER_FILES["ca"])
+    out: dict[str, object] = {"listen": listen, "partner_certificate": PARTNER_FILES["certificate"]}
+    route["rsa"] = {"trust_anchors": [PARTNER_FILES["ca"]], "key": "certs/out/gateway-sign.key",
+                    "certificate": "certs/out/gateway-sign.pem", "decryption_key": "certs/out/gateway-enc.key"}  # fmt: skip
+    mapped.notes.append(f"the partner's files: {', '.join(PARTNER_FILES.values())}; rsa.allowed_subjects may "
+                        "name the partner's signing certificate")  # fmt: skip
+    if profile == "hmac":
+        route["hmac"] = {"keys_file": None, "decryption_key": "certs/out/gateway-enc.key"}
+    route.pop("secureconversation", None)
+    ut = route.pop("username_token", None)
+    if isinstance(ut, dict):
+        types = ut.get("password_types") or ["digest"]
+        out["credentials_file"] = PARTNER_FILES["credentials"]
+        out["password_type"] = "digest" if "digest" in types else "text"  # type: ignore[operator]
+        route["username_token"] = {"protection": ut.get("protection", "none")}
+    route["direction"] = "outbound"
+    route["outbound"] = out
+    return True

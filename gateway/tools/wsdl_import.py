@@ -20,7 +20,7 @@ from lxml import etree
 
 from filters.engine import ns
 from filters.engine.xml import wsdl
-from gateway.tools.security_policy import PROFILE_STRENGTH, UNRESOLVED, Mapped, map_policy
+from gateway.tools.security_policy import PROFILE_STRENGTH, UNRESOLVED, Mapped, as_outbound, map_policy
 
 WSP = (ns.WSP_2004, ns.WSP)  # 1.2, 1.5
 XML_ID = "{http://www.w3.org/XML/1998/namespace}id"
@@ -309,9 +309,11 @@ def import_wsdl(
     port: str | None = None,
     upstream: str | None = None,
     validate: bool = False,
+    outbound: str | None = None,
 ) -> Imported:
     """The routes for a WSDL's SOAP ports (one port or service when named). `path`: the local file, for imports
-    beside it and for `wsdl.file`; `upstream` replaces the soap:address host and port."""
+    beside it and for `wsdl.file`; `upstream` replaces the soap:address host and port. `outbound`: a partner's
+    WSDL, for outbound routes on this listener (host:port; security_policy.as_outbound)."""
     defs = Definitions(parse_document(data, source), path, source)
     ports = [p for p in defs.ports() if (service is None or p.service == service) and (port is None or p.name == port)]
     if not ports:
@@ -322,7 +324,7 @@ def import_wsdl(
     names: set[str] = set()
     paths: dict[str, str] = {}
     for p in ports:
-        routes.extend(_port_routes(defs, p, path, source, upstream, validate, names, paths))
+        routes.extend(_port_routes(defs, p, path, source, upstream, validate, names, paths, outbound))
     return Imported(source=source, routes=routes, notes=defs.notes)
 
 
@@ -335,6 +337,7 @@ def _port_routes(
     validate: bool,
     names: set[str],
     paths: dict[str, str],
+    outbound: str | None = None,
 ) -> list[ImportedRoute]:
     prefix, upstream = _upstream(p.location, upstream_override)
     if prefix.lower() in paths:
@@ -386,6 +389,11 @@ def _port_routes(
                 route["schema_validation"] = {"requests": True, "responses": True, "xsd_files": []}
         else:
             mapped.unmapped.append(f"wsdl: not published and no schema validation: {unreadable}")
+        if outbound is not None and not as_outbound(route, outbound, mapped):
+            defs.notes.append(
+                f"port {p.name}: operations {', '.join(op.name for op in ops)} skipped: " + mapped.unmapped[-1]
+            )
+            continue
         out.append(ImportedRoute(route, p.soap_version, [op.name for op in ops], mapped))
     return out
 

@@ -227,3 +227,24 @@ def test_hostile_shapes_script_prints_every_shape(pki: Path) -> None:
     for sender in ("", ", from the backend"):
         flood = [line for line in text.splitlines() if f"| namespace flood on the Envelope{sender} |" in line]
         assert len(flood) == 2 and all(line.endswith("| refused |") for line in flood)
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="Debian's wrk is not installed (.ci/run installs it)")
+def test_bench_outbound_rows_smoke(tmp_path: Path, pki: Path) -> None:
+    """The outbound rows (loadtest/outbound.py): plain SOAP to the outbound listener, secured by the gateway for its
+    partner (its own inbound route of the profile), every sampled reply a verified echo; the report sets each
+    outbound row beside its inbound row. A smoke run, never a measure."""
+    out = io.StringIO()
+    profiles = ["hmac", "outbound-hmac", "outbound-rsa", "outbound-sc"]
+    points = bench.run_bench(
+        profiles=profiles, sizes=["small"], duration=1, paced_duration=1, rate=20, workers=2,
+        out=tmp_path / "out", certs=pki, log=out, engine_scale=0, chart=False,
+    )  # fmt: skip
+    text = out.getvalue()
+    assert [p.profile for p in points] == profiles
+    for p in points:
+        assert p.requests > 0 and p.errors == 0 and p.paced_errors == 0, text
+        assert p.verified > 0 and p.verify_failures == 0 and not p.faults, text
+    assert "Outbound: gateway CPU per request" in text
+    assert re.search(r"\n  outbound-hmac +1 KB +[\d,]+ +[\d,]+ +-?[\d,]+\n", text), text
+    assert re.search(r"\n  outbound-sc +1 KB +[\d,]+ +not measured +-\n", text), text

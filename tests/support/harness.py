@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -212,7 +213,10 @@ class LoopbackHttp:
 
     protocol_version = "HTTP/1.0"
 
-    def __init__(self, answer: Callable[[bytes], tuple[str, bytes]] | None = None) -> None:
+    def __init__(
+        self, answer: Callable[[bytes], tuple[str, bytes]] | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """`tls`: serve HTTPS with this server context."""
         self.answer = answer
         self.paths: list[str] = []
         outer = self
@@ -236,7 +240,10 @@ class LoopbackHttp:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{'https' if tls else 'http'}://{self.address}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def respond(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:

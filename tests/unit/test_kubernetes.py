@@ -601,3 +601,31 @@ def test_filters_roll_out_before_envoy_and_drain_before_they_stop(objects: Objec
     envoy = pod_spec(one(objects, "Deployment", E))["containers"][0]
     assert "drain_listeners?graceful" in envoy["lifecycle"]["preStop"]["exec"]["command"][-1]
     assert int(envoy["args"][envoy["args"].index("--drain-time-s") + 1]) > longest
+
+
+def test_outbound_listener_admits_the_applications_and_reaches_only_the_partner(tmp_path: Path) -> None:
+    """An outbound route (docs/outbound.md): its own Service on Envoy's pods; pods labelled as outbound clients
+    (any namespace) reach its port, nobody else does (not the internet, not other pods); Envoy reaches the
+    partner's address, which no inbound route makes reachable otherwise."""
+    inbound = {"name": "hmac", "match": {"path_prefix": "/"}, "upstream": {"address": "192.0.2.10:8443"},
+               "profile": "hmac"}  # fmt: skip
+    partner = {"name": "partner", "match": {"path_prefix": "/tax/"}, "direction": "outbound", "profile": "rsa",
+               "upstream": {"address": "192.0.2.20:443", "tls": True},
+               "outbound": {"listen": "127.0.0.1:9300"}}  # fmt: skip
+    policies = write_policies(tmp_path / "policies", [inbound, partner])
+    objs = [o for f in render(tmp_path / "out", "--no-demo-backend", "--external-redis", policies=policies).values()
+            for o in f]  # fmt: skip
+    service = one(objs, "Service", kubernetes.OUTBOUND)
+    assert [p["port"] for p in service["spec"]["ports"]] == [9300]
+    assert 9300 not in [p["port"] for p in one(objs, "Service", E)["spec"]["ports"]]
+    app = Peer("app", "shop", {"app": "shop", **kubernetes.OUTBOUND_CLIENT}, (("TCP", 8080),))
+    partner_peer = Peer("partner", None, {}, (("TCP", 443),), ip="192.0.2.20")
+    internet = Peer("internet", None, {}, (("TCP", 443),), ip="203.0.113.7")
+    allowed = flows(objs, [DNS, OTHER_POD, internet, partner_peer, app])
+    assert ("app", E, "TCP", 9300) in allowed
+    assert {(s, d) for s, d, _, port in allowed if port == 9300} == {("app", E)}
+    assert (E, "partner", "TCP", 443) in allowed
+    assert (F, "partner", "TCP", 443) not in allowed  # an rsa route: only a secureconversation route asks the STS
+    lds = yaml.safe_load(envoy_files(objs)["lds.yaml"])["resources"]
+    (listener,) = [r for r in lds if r["name"].startswith("outbound_")]
+    assert listener["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 9300}

@@ -74,3 +74,25 @@ def store_resolver(store: ContextStore, now: datetime, local: Mapping[str, Sct] 
         return found[key]
 
     return resolve
+
+
+class PartnerContexts(Protocol):
+    """The context an outbound `secureconversation` route holds with its partner, one for all the workers
+    (filters/stores/partner_contexts.py: in Redis, or this worker's memory): whoever takes `lock` issues the
+    next one, the others use the current one meanwhile."""
+
+    def get(self) -> Context | None:
+        """The current context (perhaps expired), or None."""
+        ...
+
+    def put(self, ctx: Context) -> None: ...
+
+    def lock(self, ttl_s: float) -> bool:
+        """True: this caller issues the next context (and then `unlock`s); False: another one is at it."""
+        ...
+
+    def unlock(self) -> None: ...
+
+    def take(self) -> Context | None:
+        """Remove the current context and return it (to cancel it)."""
+        ...

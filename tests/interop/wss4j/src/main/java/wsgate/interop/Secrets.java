@@ -23,6 +23,14 @@ final class Secrets implements CallbackHandler {
         keys.put(identifier, secret);
     }
 
+    byte[] get(String identifier) {
+        byte[] key = keys.get(identifier);
+        if (key == null) {
+            throw new IllegalArgumentException("no secret " + identifier);
+        }
+        return key;
+    }
+
     void putBase64(Map<String, String> secrets) {
         secrets.forEach((id, b64) -> keys.put(id, Base64.getDecoder().decode(b64)));
     }

@@ -179,6 +179,15 @@ final class Secure {
                 sig.setCustomTokenId(step.get("name").getAsString());
                 sig.setCustomTokenValueType(str(step, "value_type", "urn:wsgate:pre-shared-key"));
             }
+            case "received" -> {
+                // The key of a request's EncryptedKey (kept by `verify`), named by its EncryptedKeySHA1: a
+                // symmetric-binding service's reply.
+                String sha1 = step.get("encrypted_key_sha1").getAsString();
+                sig.setSignatureAlgorithm(Algorithms.signature(str(step, "algorithm", "hmac-sha256")));
+                sig.setSecretKey(secrets.get(sha1));
+                sig.setKeyIdentifierType(WSConstants.ENCRYPTED_KEY_SHA1_IDENTIFIER);
+                sig.setEncrKeySha1value(sha1);
+            }
             case "encrypted_key" -> {
                 sig.setSignatureAlgorithm(Algorithms.signature(str(step, "algorithm", "hmac-sha256")));
                 sig.setSecretKey(sessionKey.getEncoded());

@@ -22,7 +22,7 @@ import org.w3c.dom.Document;
 /**
  * `verify`: WSS4J's WSSecurityEngine over a secured message, Basic Security Profile enforcement on (WSS4J's
  * default) unless "bsp": false. {"xml", "trust": [CA PEM], "key"/"cert": who decrypts, "secrets": {identifier:
- * base64}} -> what was signed (by whom, with which key), what was decrypted, and the processed envelope.
+ * base64}, "users": {name: password}} -> what was signed (by whom, with which key), what was decrypted, and the processed envelope.
  */
 final class Verify {
     private static final Map<Integer, String> ACTIONS = Map.of(
@@ -49,6 +49,10 @@ final class Verify {
             Map<String, String> given = new java.util.HashMap<>();
             req.getAsJsonObject("secrets").entrySet().forEach(e -> given.put(e.getKey(), e.getValue().getAsString()));
             secrets.putBase64(given);
+        }
+        if (req.has("users")) {
+            // UsernameToken passwords the receiver knows (the harness as a partner service checking them).
+            req.getAsJsonObject("users").entrySet().forEach(e -> secrets.password(e.getKey(), e.getValue().getAsString()));
         }
         RequestData data = new RequestData();
         data.setWssConfig(WSSConfig.getNewInstance());
@@ -85,6 +89,15 @@ final class Verify {
                 }
             } else if (action == WSConstants.ENCR) {
                 names(r, decrypted);
+                byte[] ephemeral = (byte[]) r.get(WSSecurityEngineResult.TAG_ENCRYPTED_EPHEMERAL_KEY);
+                byte[] secret = (byte[]) r.get(WSSecurityEngineResult.TAG_SECRET);
+                if (ephemeral != null && secret != null) {
+                    // A key the sender sent us (the symmetric binding): kept by its EncryptedKeySHA1, for a reply
+                    // signed with it ("sign" with "received"); only the identifier leaves the JVM.
+                    String sha1 = Base64.getEncoder().encodeToString(MessageDigest.getInstance("SHA-1").digest(ephemeral));
+                    secrets.put(sha1, secret);
+                    answer.addProperty("encrypted_key_sha1", sha1);
+                }
             }
         }
         answer.add("actions", actions);

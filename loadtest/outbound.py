@@ -1,0 +1,53 @@
+"""The outbound rows of the benchmark (`make bench`, loadtest/bench.py; docs/outbound.md): the load generator sends
+plain SOAP to an outbound listener, the gateway secures each call for its partner and verifies the reply. The
+partner is the same gateway's inbound route of the profile (loadtest/policies-outbound/outbound.yaml), so a row's
+gateway CPU holds both sides: the report subtracts the inbound row of the same profile and size."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import IO, Any
+
+from loadtest.messages import SIZE_LABELS, Profile
+
+HERE = Path(__file__).parent
+POLICIES = HERE / "policies-outbound"
+# Row -> the policy route; the inbound row whose route is its partner.
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile("outbound-hmac", "outbound-hmac"),
+        Profile("outbound-rsa", "outbound-rsa"),
+        Profile("outbound-sc", "outbound-sc"),
+    )
+}
+PARTNER_ROW = {"outbound-hmac": "hmac", "outbound-rsa": "rsa", "outbound-sc": "secureconversation"}
+
+
+def policy_dir(policies: Path, out: Path) -> Path:
+    """The bench's policies and the outbound routes together, in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for src in [*policies.glob("*.yaml"), *POLICIES.glob("*.yaml")]:
+        shutil.copy(src, out / src.name)
+    return out
+
+
+def report(points: list[Any], out: IO[str]) -> None:
+    """Gateway CPU per outbound request beside the inbound row of the same profile (its partner's share)."""
+    at = {(p.profile, p.size): p for p in points}
+    rows = []
+    for (profile, size), p in at.items():
+        if profile not in PROFILES:
+            continue
+        partner = at.get((PARTNER_ROW[profile], size))
+        own = f"{p.gateway_cpu_us - partner.gateway_cpu_us:,.0f}" if partner else "-"
+        inbound = f"{partner.gateway_cpu_us:,.0f}" if partner else "not measured"
+        rows.append(f"  {profile:14} {SIZE_LABELS[size]:9} {p.gateway_cpu_us:>10,.0f} {inbound:>14} {own:>14}")
+    if not rows:
+        return
+    print("\nOutbound: gateway CPU per request, us -- both sides (the partner is the inbound route of the profile on "
+          "this gateway), the inbound row, the outbound side (the difference)", file=out)  # fmt: skip
+    print(f"  {'profile':14} {'size':9} {'both sides':>10} {'inbound row':>14} {'outbound side':>14}", file=out)
+    for row in rows:
+        print(row, file=out)
