@@ -75,6 +75,7 @@ class SecuredPipeline(RoutePipeline):
             body_encrypted=route.encryption.require_request,
             limits=route.limits,
             anonymous=route.profile != "hmac" or route.hmac.allow_anonymous,
+            attachments=route.attachment_security,
         )
         self.optimizations = Optimizations.for_route(route)
         self.credentials = wssecurity.Credentials(
