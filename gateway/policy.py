@@ -362,6 +362,26 @@ class SchemaValidation(Strict):
         return self.requests or self.responses
 
 
+XopRule = Literal["keep", "inline"]
+
+
+class Attachments(Strict):
+    """multipart/related messages: MTOM/XOP and SOAP with Attachments (docs/attachments.md). A route takes them only
+    where `accept` says so; the limits hold for requests and replies alike, the total is limits.max_body_bytes."""
+
+    accept: bool = False
+    max_parts: int = Field(default=8, ge=2, le=1000)  # the root part included
+    max_part_header_bytes: int = Field(default=2048, ge=256, le=65536)  # one part's header block
+    max_boundary_length: int = Field(default=70, ge=1, le=70)  # RFC 2046's own ceiling is 70
+    max_part_bytes: int = Field(default=10 * 1024 * 1024, gt=0, le=MAX_BODY_BYTES)  # one attachment's content
+    # Attachments no `cid:` URL in the root part names (xop:Include, an attribute, a swaRef text).
+    unreferenced: HeaderBlockRule = "refuse"
+    # What the backend gets of an MTOM request: the package as it came (`keep`), or one SOAP envelope with the XOP
+    # content inlined as base64 (`inline`); `to_client` is the same for replies.
+    to_backend: XopRule = "keep"
+    to_client: XopRule = "keep"
+
+
 class Route(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]{0,62}$")
     match: Match
@@ -387,6 +407,7 @@ class Route(Strict):
     secure_faults: bool = True  # sign/encrypt backend faults like other responses
     wsdl: WsdlPolicy | None = None
     schema_validation: SchemaValidation = SchemaValidation()
+    attachments: Attachments = Attachments()
 
     @property
     def touches_xml(self) -> bool:

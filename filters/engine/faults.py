@@ -86,6 +86,7 @@ REASON_CLASSES: tuple[tuple[str, str], ...] = (
     ("replay store unavailable", "store unavailable"),
     ("security context store unavailable", "store unavailable"),
     ("key token unavailable", "token unavailable"),
+    ("mime: ", "mime"),
 )
 LABELS = frozenset({*WSSE_CODES, *WSC_CODES, *(label for _, label in REASON_CLASSES), "malformed", "internal"})
 

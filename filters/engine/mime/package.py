@@ -1,0 +1,315 @@
+"""A multipart/related message (RFC 2387): its root part (the SOAP envelope) and its attachments.
+
+A small strict parser over bytes, not Python's `email` package: `email` is built to read what mail user agents
+send and repairs what it cannot read (bare LF line ends, folded and repeated headers, a boundary that merely
+starts a line, junk before the first and after the last delimiter, a missing close delimiter): every repair is a
+place where the gateway and the backend could split the same bytes into different parts. Here there is one
+reading or a fault: CRLF line ends only, every occurrence of "--boundary" must be a delimiter, headers are
+unfolded ASCII and unique per part, and every limit is checked before anything is copied. Parts are memoryview
+slices of the one body: an attachment's bytes are never copied on the way through.
+
+Content-IDs are kept without their angle brackets; `cid:` URLs (RFC 2392) are percent-decoded to compare."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from filters.engine import faults
+
+CRLF = b"\r\n"
+# RFC 2046 5.1.1: bchars, 1 to 70 of them, not ending in a space.
+_BOUNDARY = re.compile(r"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_MEDIA_TYPE = re.compile(rf"[ \t]*({_TOKEN})/({_TOKEN})[ \t]*")
+_PARAMETER = re.compile(rf";[ \t]*({_TOKEN})[ \t]*=[ \t]*({_TOKEN}|\"(?:[^\"\\\r\n]|\\[^\r\n])*\")[ \t]*")
+_HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# msg-id as senders write it: no spaces, no brackets, no quotes, no '%' (a cid: URL's escape character: an id
+# holding one could be named by two URLs).
+_CONTENT_ID = re.compile(r"<([!#$&'*+\-./0-9:=?@A-Z^_`a-z{|}~]{1,250})>")
+ROOT_TYPES = frozenset({"text/xml", "application/soap+xml", "application/xop+xml"})
+ENCODINGS = frozenset({"binary", "8bit", "7bit", "base64"})
+ROOT_ENCODINGS = frozenset({"binary", "8bit", "7bit"})
+
+
+class Limits(Protocol):
+    """gateway/policy.py Attachments; the total is the route's limits.max_body_bytes (the frame refuses more)."""
+
+    max_parts: int  # the root part included
+    max_part_header_bytes: int  # one part's header block
+    max_boundary_length: int
+    max_part_bytes: int  # one attachment's content
+
+
+def refused(reason: str) -> faults.Fault:
+    """Every MIME refusal: one metric class ("mime", filters/engine/faults.py), the detail for the log only."""
+    return faults.client(f"mime: {reason}")
+
+
+@dataclass(frozen=True)
+class MediaType:
+    """A Content-Type value: `type/subtype` lowercased, its parameters (names lowercased, values unquoted)."""
+
+    essence: str
+    params: dict[str, str] = field(hash=False)
+
+
+def media_type(value: str, what: str) -> MediaType:
+    m = _MEDIA_TYPE.match(value)
+    if m is None:
+        raise refused(f"{what} content type does not parse")
+    params: dict[str, str] = {}
+    at = m.end()
+    while at < len(value):
+        p = _PARAMETER.match(value, at)
+        if p is None:
+            raise refused(f"{what} content type parameters do not parse")
+        name, raw = p[1].lower(), p[2]
+        if name in params:
+            raise refused(f"{what} content type repeats parameter {name}")
+        params[name] = re.sub(r"\\(.)", r"\1", raw[1:-1]) if raw.startswith('"') else raw
+        at = p.end()
+    return MediaType(f"{m[1]}/{m[2]}".lower(), params)
+
+
+@dataclass(frozen=True)
+class Part:
+    headers: tuple[tuple[str, str], ...]  # as received, in order (names as spelled, values without outer spaces)
+    content_id: str | None  # without angle brackets
+    content_type: str  # the Content-Type header's value as received
+    body: memoryview | bytes  # the content, still in its transfer encoding
+    raw_headers: memoryview | bytes | None = None  # the header block as received: serialized as it came
+
+    @property
+    def media(self) -> MediaType:
+        return media_type(self.content_type, "part")
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for n, v in self.headers if n.lower() == name), None)
+
+    @property
+    def transfer_encoding(self) -> str:
+        return (self.header("content-transfer-encoding") or "7bit").lower()
+
+
+@dataclass(frozen=True)
+class Package:
+    root: Part
+    attachments: tuple[Part, ...]
+    start: str | None  # the start parameter's Content-ID, without brackets
+    boundary: str
+    content_type: str  # the outer Content-Type header as received
+
+    @property
+    def media(self) -> MediaType:
+        return media_type(self.content_type, "message")
+
+    @property
+    def parts(self) -> Iterator[Part]:
+        yield self.root
+        yield from self.attachments
+
+
+def is_multipart(content_type_header: str | None) -> bool:
+    """Whether a message declares itself multipart/related (what then decides everything is `parse`)."""
+    m = _MEDIA_TYPE.match(content_type_header or "")
+    return m is not None and f"{m[1]}/{m[2]}".lower() == "multipart/related"
+
+
+def parse(content_type_header: str, body: bytes, limits: Limits) -> Package:
+    """The package, or the fault that names its first violation."""
+    outer = media_type(content_type_header, "message")
+    if outer.essence != "multipart/related":
+        raise refused(f"message is {outer.essence[:60]}, not multipart/related")
+    if "charset" in outer.params:
+        raise refused("multipart message with a charset parameter")  # only the root part's own label counts
+    boundary = outer.params.get("boundary", "")
+    if not 0 < len(boundary) <= limits.max_boundary_length or not _BOUNDARY.fullmatch(boundary):
+        raise refused(f"boundary missing, invalid or longer than {limits.max_boundary_length}")
+    root_type = outer.params.get("type", "").lower()
+    if root_type not in ROOT_TYPES:
+        raise refused(f"type parameter {root_type[:60]!r} is not a SOAP or XOP type")
+    start = outer.params.get("start")
+    if start is not None:
+        m = _CONTENT_ID.fullmatch(start)
+        if m is None:
+            raise refused("start parameter is not a Content-ID")
+        start = m[1]
+    parts = [_part(chunk, limits) for chunk in _split(memoryview(body), boundary.encode("ascii"), limits)]
+    seen: set[str] = set()
+    for p in parts:
+        if p.content_id is not None:
+            folded = p.content_id.lower()  # consumers that compare ids without case must not see two as one
+            if folded in seen:
+                raise refused("duplicate Content-ID")
+            seen.add(folded)
+    if start is None:
+        root, rest = parts[0], parts[1:]
+    else:
+        at = next((i for i, p in enumerate(parts) if p.content_id == start), None)
+        if at is None:
+            raise refused("start parameter names no part")
+        root, rest = parts[at], parts[:at] + parts[at + 1 :]
+    _check_root(root, root_type, outer)
+    for p in rest:
+        _check_attachment(p, limits)
+    return Package(root, tuple(rest), start, boundary, content_type_header)
+
+
+def _split(body: memoryview, boundary: bytes, limits: Limits) -> list[memoryview]:
+    """The parts' bytes (headers and content) between the delimiters. Every "--boundary" in the body must be a
+    delimiter (after CRLF, followed by CRLF or by the closing "--"): a boundary string anywhere else is refused,
+    not read as content, so no reader can find a part boundary the gateway did not."""
+    dash = b"--" + boundary
+    raw = body.obj if isinstance(body.obj, bytes) else bytes(body)  # bytes.find: the search runs in C
+    first = 0
+    while raw.startswith(CRLF, first):  # a preamble of blank lines is tolerated, nothing else
+        first += 2
+    if not raw.startswith(dash, first):
+        raise refused("message does not start with the boundary")
+    chunks: list[memoryview] = []
+    at = first
+    while True:
+        after = at + len(dash)
+        if raw.startswith(b"--", after):  # the close delimiter
+            tail = raw[after + 2 :]
+            if tail.strip(b"\r\n") or (raw.find(dash, after) != -1):
+                raise refused("content after the close delimiter")
+            break
+        if not raw.startswith(CRLF, after):
+            raise refused("boundary string inside content or followed by other than CRLF")
+        nxt = raw.find(dash, after)
+        if nxt == -1:
+            raise refused("no close delimiter")
+        if raw[nxt - 2 : nxt] != CRLF:
+            raise refused("boundary string inside content (not after CRLF)")
+        if len(chunks) == limits.max_parts:
+            raise refused(f"more than {limits.max_parts} parts")
+        chunks.append(body[after + 2 : nxt - 2])
+        at = nxt
+    if not chunks:
+        raise refused("no parts")
+    return chunks
+
+
+def _part(chunk: memoryview, limits: Limits) -> Part:
+    raw = chunk[: limits.max_part_header_bytes + 4].tobytes()  # the headers are looked for in this much only
+    if raw.startswith(CRLF):
+        end = 0  # no headers at all
+    else:
+        end = raw.find(b"\r\n\r\n")
+        if end == -1:
+            raise refused(f"part headers longer than {limits.max_part_header_bytes} bytes or unterminated")
+        end += 2
+    if end > limits.max_part_header_bytes:
+        raise refused(f"part headers longer than {limits.max_part_header_bytes} bytes")
+    block = raw[:end]
+    if b"\n" in block.replace(CRLF, b"") or b"\r" in block.replace(CRLF, b""):
+        raise refused("bare CR or LF in part headers")
+    headers: list[tuple[str, str]] = []
+    names: set[str] = set()
+    for line in block.split(CRLF)[:-1]:
+        if line[:1] in (b" ", b"\t"):
+            raise refused("folded part header")
+        name, colon, value = line.partition(b":")
+        if not colon or not _HEADER_NAME.fullmatch(name):
+            raise refused("malformed part header")
+        if any((c < 0x20 and c != 0x09) or c > 0x7E for c in value):
+            raise refused("non-ASCII or control character in a part header")
+        key = name.decode("ascii").lower()
+        if key in names:
+            raise refused(f"part header {key[:40]} repeated")
+        names.add(key)
+        headers.append((name.decode("ascii"), value.decode("ascii").strip(" \t")))
+    found = dict((n.lower(), v) for n, v in headers)
+    content_id = None
+    if "content-id" in found:
+        m = _CONTENT_ID.fullmatch(found["content-id"])
+        if m is None:
+            raise refused("malformed Content-ID")
+        content_id = m[1]
+    if "content-type" not in found:
+        raise refused("part without a Content-Type")
+    return Part(tuple(headers), content_id, found["content-type"], chunk[end + 2 :], chunk[:end])
+
+
+def _check_root(root: Part, root_type: str, outer: MediaType) -> None:
+    media = root.media
+    if media.essence != root_type:
+        raise refused(f"root part is {media.essence[:60]}, the type parameter says {root_type}")
+    if root.transfer_encoding not in ROOT_ENCODINGS:
+        raise refused(f"root part transfer encoding {root.transfer_encoding[:40]!r}")
+    charset = media.params.get("charset")
+    if charset is not None and charset.lower() not in ("utf-8", "utf-16", "utf-16le", "utf-16be"):
+        raise refused(f"root part charset {charset[:40]!r}")
+    if root_type == "application/xop+xml":
+        # The SOAP media type travels in the root's own type parameter and the message's start-info: both, the same.
+        inner = media.params.get("type", "").lower()
+        info = outer.params.get("start-info", inner).lower()
+        if inner not in ("text/xml", "application/soap+xml") or media_type(info, "start-info").essence != inner:
+            raise refused("XOP root part without a matching SOAP type and start-info")
+
+
+def _check_attachment(part: Part, limits: Limits) -> None:
+    if part.content_id is None:
+        raise refused("attachment without a Content-ID")
+    essence = part.media.essence
+    if essence.startswith(("multipart/", "message/")):
+        raise refused(f"nested {essence[:60]} part")
+    if part.transfer_encoding not in ENCODINGS:
+        raise refused(f"transfer encoding {part.transfer_encoding[:40]!r}")
+    if len(part.body) > limits.max_part_bytes:
+        raise refused(f"part larger than {limits.max_part_bytes} bytes")
+
+
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def cid(url: str) -> str | None:
+    """The Content-ID a `cid:` URL names (RFC 2392: percent-decoded), or None for any other URL or an escape that
+    does not decode to a printable ASCII character (no Content-ID holds one)."""
+    if url[:4].lower() != "cid:":
+        return None
+    decoded = _ESCAPE.sub(lambda m: chr(int(m[1], 16)), url[4:])
+    return decoded if all(0x21 <= ord(c) <= 0x7E for c in decoded) else None
+
+
+def find(package: Package, url_or_id: str) -> Part | None:
+    """The attachment a `cid:` URL (or a bare Content-ID) names; None if none does. The root is not an attachment:
+    a reference to it is the caller's to refuse (`cid_of_root`)."""
+    wanted = cid(url_or_id) if url_or_id[:4].lower() == "cid:" else url_or_id
+    return next((p for p in package.attachments if p.content_id == wanted), None)
+
+
+def names_root(package: Package, url_or_id: str) -> bool:
+    wanted = cid(url_or_id) if url_or_id[:4].lower() == "cid:" else url_or_id
+    return package.root.content_id is not None and wanted == package.root.content_id
+
+
+def _header_block(part: Part) -> bytes | memoryview:
+    if part.raw_headers is not None:
+        return part.raw_headers
+    return b"".join(f"{n}: {v}\r\n".encode("ascii") for n, v in part.headers)
+
+
+def serialize(package: Package) -> bytes:
+    """The package as bytes: each part's header block and content as they are (byte-exact for untouched parts),
+    between the package's delimiters. One copy: the join."""
+    dash = b"--" + package.boundary.encode("ascii")
+    pieces: list[bytes | memoryview] = []
+    for p in package.parts:
+        pieces += [dash, CRLF, _header_block(p), CRLF, p.body, CRLF]
+    pieces += [dash, b"--", CRLF]
+    return b"".join(pieces)
+
+
+def with_content(part: Part, body: bytes | memoryview, set_headers: Mapping[str, str] | None = None) -> Part:
+    """`part` with new content and `set_headers` replacing the headers of those names (or added); its header
+    block is then rendered anew."""
+    new = {n.lower(): (n, v) for n, v in (set_headers or {}).items()}
+    headers = tuple(new.pop(n.lower(), (n, v)) for n, v in part.headers) + tuple(new.values())
+    content_type = next((v for n, v in headers if n.lower() == "content-type"), part.content_type)
+    return Part(headers, part.content_id, content_type, body, None)

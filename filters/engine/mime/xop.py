@@ -1,0 +1,83 @@
+"""XOP (XML-binary Optimized Packaging, W3C 2005), MTOM's packaging: `xop:Include href="cid:..."` elements that
+stand for base64 content carried as a MIME part, resolved here to what they stand for, and the `cid:` URLs a root
+part holds (what names an attachment: an xop:Include, an attribute such as a signature Reference's URI, a swaRef
+text)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from lxml import etree
+
+from filters.engine.mime import package as mime
+
+XOP = "http://www.w3.org/2004/08/xop/include"
+INCLUDE = f"{{{XOP}}}Include"
+_CID_URLS = etree.XPath(
+    "//@*[starts-with(translate(., 'CID', 'cid'), 'cid:')]"
+    " | //text()[starts-with(translate(normalize-space(.), 'CID', 'cid'), 'cid:')]"
+)
+_INCLUDES = etree.XPath("//xop:Include", namespaces={"xop": XOP})
+
+
+def includes(root: etree._Element) -> list[etree._Element]:
+    return list(_INCLUDES(root))
+
+
+def references(root: etree._Element, package: mime.Package) -> set[str]:
+    """The Content-IDs of the attachments the root part names. A `cid:` URL that names no attachment, or the root
+    part itself, is refused: a reader could resolve it to something the gateway never checked."""
+    named: set[str] = set()
+    for value in _CID_URLS(root):
+        url = str(value).strip()
+        if mime.names_root(package, url):
+            raise mime.refused("cid: reference to the root part")
+        part = mime.find(package, url)
+        if part is None or part.content_id is None:
+            raise mime.refused("cid: reference to no part")
+        named.add(part.content_id)
+    return named
+
+
+def check_includes(root: etree._Element, package: mime.Package, xop_package: bool) -> list[etree._Element]:
+    """The xop:Include elements, each the only content of its parent (XOP 3.1: the Include replaces the whole
+    base64 text), empty, with an href naming an attachment; none in a package that is not XOP."""
+    found = includes(root)
+    if found and not xop_package:
+        raise mime.refused("xop:Include outside an XOP package")
+    for inc in found:
+        parent = inc.getparent()
+        href = inc.get("href")
+        if href is None or mime.find(package, href) is None:
+            raise mime.refused("xop:Include naming no attachment")
+        if len(inc) or (inc.text or "").strip() or parent is None or len(parent) != 1:
+            raise mime.refused("xop:Include not alone in its element or not empty")
+        if (parent.text or "").strip() or (inc.tail or "").strip():
+            raise mime.refused("xop:Include beside text")
+    return found
+
+
+def octets(part: mime.Part) -> bytes:
+    """The part's content without its transfer encoding."""
+    if part.transfer_encoding != "base64":
+        return part.body if isinstance(part.body, bytes) else part.body.tobytes()
+    try:
+        return base64.b64decode(bytes(part.body).replace(b"\r\n", b""), validate=True)
+    except binascii.Error:
+        raise mime.refused("attachment is not valid base64") from None
+
+
+def inline(found: list[etree._Element], package: mime.Package) -> set[str]:
+    """Replace each xop:Include with the base64 text of the part it names (the infoset XOP stands for); the
+    Content-IDs inlined."""
+    used: set[str] = set()
+    for inc in found:
+        part = mime.find(package, inc.get("href", ""))
+        assert part is not None and part.content_id is not None  # check_includes
+        parent = inc.getparent()
+        assert parent is not None
+        parent.remove(inc)
+        parent.text = base64.b64encode(octets(part)).decode("ascii")
+        used.add(part.content_id)
+    return used
