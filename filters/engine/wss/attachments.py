@@ -19,6 +19,7 @@ decryption or encryption (which replaces the part's body)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -31,6 +32,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from lxml import etree
 
 from filters.engine import faults, metrics, ns
+from filters.engine.mime import package as mime
+from filters.engine.mime import xop
 from filters.engine.wss import encryption
 from filters.engine.xml import xmlsupport
 
@@ -69,6 +72,7 @@ class Attachment:
     body: bytes | memoryview
     signed: str | None = None  # "content" or "complete": how a verified signature covered it
     decrypted: bool = False
+    changed: bool = False  # decrypted or encrypted here: its part is written anew (to_package)
     encrypted_data: etree._Element | None = field(default=None, repr=False)  # what it was decrypted from
 
     def header(self, name: str) -> str | None:
@@ -103,6 +107,28 @@ class Attachments:
         if found is None:
             raise faults.security("InvalidSecurity", f"{uri[:80]!r} names no attachment")
         return found
+
+
+def from_package(package: mime.Package) -> Attachments:
+    """A multipart message's attachments as the Security header processing sees them: their octets, the
+    transfer encoding undone (what the profile signs and encrypts); a binary part's bytes are not copied."""
+    return Attachments(
+        Attachment(p.content_id or "", list(p.headers), p.body if p.transfer_encoding != "base64" else xop.octets(p))
+        for p in package.attachments
+    )
+
+
+def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
+    """`package` with each attachment that was decrypted or encrypted written back, binary, with its new headers."""
+    out = []
+    for old, new in zip(package.attachments, parts, strict=True):
+        if not new.changed:
+            out.append(old)
+            continue
+        headers = [(n, v) for n, v in new.headers if n.lower() != "content-transfer-encoding"]
+        headers.append(("Content-Transfer-Encoding", "binary"))
+        out.append(mime.Part(tuple(headers), new.content_id, new.content_type, new.body, None))
+    return dataclasses.replace(package, attachments=tuple(out))
 
 
 def bare_id(header_value: str) -> str:
@@ -307,8 +333,8 @@ def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> byte
     if algorithm.gcm:
         if len(view) < encryption.GCM_IV + encryption.GCM_TAG:
             raise encryption.failed("attachment: GCM ciphertext too short")
-        tag = view[-encryption.GCM_TAG :]
-        decryptor = Cipher(algorithms.AES(key), modes.GCM(view[: encryption.GCM_IV], tag)).decryptor()
+        tag = bytes(view[-encryption.GCM_TAG :])
+        decryptor = Cipher(algorithms.AES(key), modes.GCM(bytes(view[: encryption.GCM_IV]), tag)).decryptor()
         for chunk in _chunks(view[encryption.GCM_IV : -encryption.GCM_TAG]):
             out += decryptor.update(chunk)
         try:
@@ -376,6 +402,7 @@ def decrypt(ed: etree._Element, key: bytes, allowed: Sequence[str], parts: Attac
         part.headers = outer + inner
         part.body = content
     part.decrypted = True
+    part.changed = True
     part.encrypted_data = ed
     return part
 
@@ -413,6 +440,7 @@ def encrypt(
     if alg.gcm:
         out += encryptor.tag
     part.body = bytes(out)
+    part.changed = True
     part.headers = [(n, v) for n, v in kept if n.lower() != "content-type"] + [
         ("Content-Type", "application/octet-stream")
     ]

@@ -22,7 +22,7 @@ import org.w3c.dom.Document;
 /**
  * `verify`: WSS4J's WSSecurityEngine over a secured message, Basic Security Profile enforcement on (WSS4J's
  * default) unless "bsp": false. {"xml", "trust": [CA PEM], "key"/"cert": who decrypts, "secrets": {identifier:
- * base64}} -> what was signed (by whom, with which key), what was decrypted, and the processed envelope.
+ * base64}, "attachments": [...] (Attachments.java)} -> what was signed (by whom, with which key), what was decrypted, and the processed envelope.
  */
 final class Verify {
     private static final Map<Integer, String> ACTIONS = Map.of(
@@ -58,6 +58,8 @@ final class Verify {
         String cert = req.has("cert") ? req.get("cert").getAsString() : null;
         data.setDecCrypto(Pem.crypto(key, cert, trust));
         data.setDisableBSPEnforcement(req.has("bsp") && !req.get("bsp").getAsBoolean());
+        Attachments attachments = new Attachments(req.getAsJsonArray("attachments"));
+        data.setAttachmentCallbackHandler(attachments);
         WSHandlerResult result = new WSSecurityEngine().processSecurityHeader(doc, data);
         if (result == null) {
             throw new IllegalStateException("no wsse:Security header for WSS4J to process");
@@ -91,6 +93,9 @@ final class Verify {
         answer.add("signed", signed);
         answer.add("decrypted", decrypted);
         answer.addProperty("xml", Xml.serialize(doc));
+        if (!attachments.isEmpty()) {
+            answer.add("attachments", attachments.toJson());
+        }
         return answer;
     }
 
@@ -104,6 +109,8 @@ final class Verify {
             QName name = ref.getName();
             if (name != null) {
                 into.add("{" + name.getNamespaceURI() + "}" + name.getLocalPart());
+            } else if (ref.getWsuId() != null && ref.getWsuId().startsWith("cid:")) {
+                into.add(ref.getWsuId());  // an attachment (SwA)
             }
         }
     }
