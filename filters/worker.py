@@ -159,11 +159,12 @@ class Worker:
         log.warning("refused route=%s phase=%s code=%s reason=%s", route_name, phase, reason, fault.reason)
 
     def handle(
-        self, route_name: str, phase: str, body: bytes, headers: dict[str, str] | None, in_flight: InFlight | None
+        self, route_name: str, phase: str, body: bytes, headers: dict[str, str], in_flight: InFlight | None
     ) -> Answer:
-        """The one call from the frame into the engine. Never raises: a fault is an answer, and so is a bug (a
-        generic fault: fail closed, the traceback only in the log)."""
-        p = in_flight or InFlight(headers or {})
+        """The one call from the frame into the engine, with the phase's headers (the request's, or the
+        response's). Never raises: a fault is an answer, and so is a bug (a generic fault: fail closed, the
+        traceback only in the log)."""
+        p = in_flight or InFlight(headers)
         try:
             if p.pipeline is None:
                 p.pipeline = self.engine.pipeline(route_name)
@@ -173,6 +174,7 @@ class Worker:
             if phase == "request":
                 out = p.pipeline.request(body, p.headers, p.exchange)
             else:
+                p.exchange.response_type = headers.get("content-type")
                 out = p.pipeline.response(body, p.exchange)
             check = None
             if out.replay:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from filters.engine import faults, metrics
+from filters.engine.mime import related
 from filters.engine.wss.replay import DeferredKey
 from filters.engine.xml import charset, schema_validation, wsdl
 from filters.engine.xml.soap import Envelope
@@ -23,6 +24,10 @@ class Exchange:
     route: Route
     soap_version: str | None = None  # known once the request envelope parsed
     security: object | None = None  # the security context the response is secured for (hmac key, requester cert)
+    # multipart/related messages (filters/engine/mime/related.py): the request's, the response's and its type
+    request_mime: related.Message | None = None
+    response_mime: related.Message | None = None
+    response_type: str | None = None
 
 
 @dataclass
@@ -58,16 +63,36 @@ class RoutePipeline:
             raise faults.server(f"route {route.name}: {exc}") from None
 
     def request(self, body: bytes, headers: Mapping[str, str], ex: Exchange) -> Outcome:
-        with metrics.stage(self.route, "parse"):
-            env = parse_envelope(body, self.route.limits)
-        ex.soap_version = env.version
+        env = self.parse_request(body, headers, ex)
         self.validate(env, request=True)
-        return forward(env, headers.get("content-type"))
+        return self.send(env, ex, headers.get("content-type"), request=True)
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
-        env = self.parse_response(body)
+        env = self.parse_response(body, ex)
         self.validate(env, request=False)
-        return forward(env, None)
+        return self.send(env, ex, None, request=False)
+
+    def parse_request(self, body: bytes, headers: Mapping[str, str], ex: Exchange) -> Envelope:
+        """The request's envelope: the body, or a multipart/related message's root part (its attachments kept in
+        `ex` for `send`)."""
+        attachments = self.route.attachments
+        with metrics.stage(self.route, "parse"):
+            msg = related.receive(headers.get("content-type"), body, attachments)
+            env = parse_envelope(body if msg is None else msg.root_bytes, self.route.limits)
+            if msg is not None:
+                related.check(msg, env, attachments)
+        ex.soap_version, ex.request_mime = env.version, msg
+        return env
+
+    def send(self, env: Envelope, ex: Exchange, received_type: str | None, request: bool, reserialized: bool = False,
+             **headers: str) -> Outcome:  # fmt: skip
+        """Pass the message on (`forward`), a multipart one with its attachments as the route says."""
+        msg = ex.request_mime if request else ex.response_mime
+        if msg is None:
+            return forward(env, received_type, env.serialize() if reserialized else None, **headers)
+        rule = self.route.attachments.to_backend if request else self.route.attachments.to_client
+        body, content_type = related.forward(env, msg, rule, reserialized)
+        return Outcome(body=body, set_headers={**headers, "content-type": content_type})
 
     def validate(self, env: Envelope, request: bool) -> None:
         """The payload against the route's schema, where the policy asks (a backend's fault is not validated)."""
@@ -75,12 +100,18 @@ class RoutePipeline:
         if self.schema is None or not (sv.requests if request else sv.responses) or (not request and env.is_fault()):
             return
         with metrics.stage(self.route, "schema"):
-            self.schema.check(env.body, request)
+            self.schema.check(related.without_includes(env).body, request)
 
-    def parse_response(self, body: bytes) -> Envelope:
+    def parse_response(self, body: bytes, ex: Exchange) -> Envelope:
+        attachments = self.route.attachments
         try:
             with metrics.stage(self.route, "parse"):
-                return parse_envelope(body, self.route.response_limits)
+                msg = related.receive(ex.response_type, body, attachments)
+                env = parse_envelope(body if msg is None else msg.root_bytes, self.route.response_limits)
+                if msg is not None:
+                    related.check(msg, env, attachments)
         except faults.Fault as fault:
             # A backend that answers something other than SOAP is the backend's fault, not the client's.
             raise faults.server(f"backend response refused: {fault.reason}", status=502) from None
+        ex.response_mime = msg
+        return env

@@ -19,7 +19,7 @@ from lxml import etree
 from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, store_resolver
-from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
+from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
 from filters.engine.wss import encryption, keys, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
@@ -29,7 +29,7 @@ from filters.engine.wss.replay import DeferredReplay, ReplayCache
 from filters.engine.wss.username_token import FailureThrottle, Users
 from filters.engine.xml import header_blocks
 from filters.engine.xml.soap import Envelope
-from filters.engine.xml.threat_protection import check_structure, parse_envelope
+from filters.engine.xml.threat_protection import check_structure
 from gateway.policy import HmacOptions, Route, RsaOptions
 
 RESPONSE_TIMESTAMP_TTL_S = 300
@@ -102,9 +102,7 @@ class SecuredPipeline(RoutePipeline):
 
     def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
         route = self.route
-        with metrics.stage(route, "parse"):
-            env = parse_envelope(body, route.limits)
-        ex.soap_version = env.version
+        env = self.parse_request(body, headers, ex)
         with metrics.stage(route, "security_header"):
             verified = wssecurity.process(env, self.requirements, self.credentials, datetime.now(UTC))
         # Decrypted content is new XML: the envelope must still be one Envelope with one Body.
@@ -122,23 +120,23 @@ class SecuredPipeline(RoutePipeline):
         ex.security = verified
         out_headers = {route.identity_header: subject} if route.identity_header and subject else {}
         with metrics.stage(route, "serialize"):
-            out = forward(env, headers.get("content-type"), env.serialize(), **out_headers)
+            out = self.send(env, ex, headers.get("content-type"), request=True, reserialized=True, **out_headers)
         out.replay = verified.replay_keys
         out.replay_since_ms = verified.replay_since_ms
         return out
 
     def response(self, body: bytes, ex: Exchange) -> Outcome:
         route = self.route
-        env = self.parse_response(body)
+        env = self.parse_response(body, ex)
         self.validate(env, request=False)
         if env.is_fault() and not route.secure_faults:
-            return forward(env, None)
+            return self.send(env, ex, None, request=False)
         assert isinstance(ex.security, wssecurity.Verified)
         sign, encrypt, tokens = self.response_security(ex.security)
         with metrics.stage(route, "secure"):
             self.secure(env, datetime.now(UTC), sign, encrypt, tokens)
         with metrics.stage(route, "serialize"):
-            return forward(env, None, env.serialize())
+            return self.send(env, ex, None, request=False, reserialized=True)
 
     def secure(
         self,
@@ -213,9 +211,7 @@ class SecureConversationPipeline(SecuredPipeline):
 
     def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
         route = self.route
-        with metrics.stage(route, "parse"):
-            env = parse_envelope(body, route.limits)
-        ex.soap_version = env.version
+        env = self.parse_request(body, headers, ex)
         security = wssecurity.find_security(env)
         in_context = security is not None and any(sc.is_dkt(c) for c in security.iterchildren())
         now = datetime.now(UTC)

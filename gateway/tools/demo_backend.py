@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import hashlib
 import json
 import logging
 import random
@@ -269,9 +270,12 @@ class Received(NamedTuple):
     path: str
     headers: dict[str, str]
     body: bytes  # at most RECEIVED_BODY_LIMIT bytes
+    sha256: str  # of the whole body: tests compare binary bodies (attachments) byte for byte
+    length: int
 
     def as_json(self) -> dict[str, object]:
-        return {"path": self.path, "headers": self.headers, "body": self.body.decode("utf-8", "replace")}
+        return {"path": self.path, "headers": self.headers, "body": self.body.decode("utf-8", "replace"),
+                "sha256": self.sha256, "length": self.length}  # fmt: skip
 
 
 class DemoBackend:
@@ -360,8 +364,12 @@ class DemoBackend:
         self, method: str, target: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, str, bytes]:
         if method == "POST":
-            self.received.append(Received(target, headers, body[:RECEIVED_BODY_LIMIT]))
-            return handle_soap(body, headers.get("content-type", ""))
+            digest = hashlib.sha256(body).hexdigest()
+            self.received.append(Received(target, headers, body[:RECEIVED_BODY_LIMIT], digest, len(body)))
+            content_type = headers.get("content-type", "")
+            if content_type.lower().startswith("multipart/related"):
+                return 200, content_type, body  # an MTOM/SwA service: the package comes back as it came
+            return handle_soap(body, content_type)
         if path == "/health" and method == "GET":
             return 200, "text/plain; charset=utf-8", b"ok"
         if path == "/_received" and method == "GET":

@@ -202,7 +202,9 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
     else:
         end = raw.find(b"\r\n\r\n")
         if end == -1:
-            raise refused(f"part headers longer than {limits.max_part_header_bytes} bytes or unterminated")
+            raise refused(
+                f"part headers unterminated (bare line ends?) or longer than {limits.max_part_header_bytes} bytes"
+            )
         end += 2
     if end > limits.max_part_header_bytes:
         raise refused(f"part headers longer than {limits.max_part_header_bytes} bytes")

@@ -108,7 +108,7 @@ struct Stream {
     route: Option<Route>,
     ticket: Ticket,
     soap12: bool,                   // the request's content type names SOAP 1.2: faults are 1.2
-    headers: Vec<(String, String)>, // the request's, for the engine
+    headers: Vec<(String, String)>, // the request's, for the engine; then the response's (its content type)
     in_flight: Option<Py<PyAny>>,   // the worker's `InFlight`, from the request body to the response body
 }
 
@@ -176,10 +176,11 @@ impl Stream {
         Ok(Out::RequestHeaders(HeadersResponse { response: Some(common) }))
     }
 
-    fn response_headers(&self, route: &Route, h: &HttpHeaders) -> Result<Out, (Refusal, String)> {
-        let headers = header_list(h);
-        let length = headers.iter().find(|(k, _)| k == "content-length").map(|(_, v)| v.as_str());
-        declared(length, route.max_response_bytes, Refusal::ResponseTooLarge)?;
+    fn response_headers(&mut self, route: &Route, h: &HttpHeaders) -> Result<Out, (Refusal, String)> {
+        // The request's headers were handed over with its body: from here on the response's are kept (a
+        // multipart/related reply's boundary is in its content type).
+        self.headers = header_list(h);
+        declared(self.header("content-length"), route.max_response_bytes, Refusal::ResponseTooLarge)?;
         Ok(Out::ResponseHeaders(HeadersResponse::default()))
     }
 
@@ -237,7 +238,7 @@ impl Stream {
         }
     }
 
-    /// The one call into the engine: `worker.handle(route, phase, body, request headers or None, in-flight
+    /// The one call into the engine: `worker.handle(route, phase, body, the phase's headers, in-flight
     /// record or None) -> Answer`. Its replay check, if any, is made before the answer goes out (`settle`). A
     /// failure of the call itself (the worker catches the engine's errors) or anything but an `Answer` is printed
     /// and answered with a generic fault: fail closed.
@@ -248,15 +249,10 @@ impl Stream {
         body: &[u8],
     ) -> Result<(Reply, Option<Py<ReplayCheck>>), ()> {
         let result = (|| -> PyResult<_> {
-            let headers = if phase == "request" {
-                let d = PyDict::new(py);
-                for (k, v) in &self.headers {
-                    d.set_item(k, v)?;
-                }
-                Some(d)
-            } else {
-                None
-            };
+            let headers = PyDict::new(py);
+            for (k, v) in &self.headers {
+                headers.set_item(k, v)?;
+            }
             let in_flight = self.in_flight.take();
             let args = (self.route_name.as_str(), phase, PyBytes::new(py, body), headers, in_flight);
             let answer = self.shared.handle.bind(py).call1(args)?;

@@ -1,0 +1,102 @@
+"""A route's multipart/related messages (RFC 2387): the root part goes through the profile's pipeline like any
+envelope, the attachments travel past it byte for byte, as the route's `attachments` policy says
+(gateway/policy.py Attachments, docs/attachments.md)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+
+from lxml import etree
+
+from filters.engine.mime import package as mime
+from filters.engine.mime import xop
+from filters.engine.xml import charset
+from filters.engine.xml.soap import Envelope
+from gateway.policy import Attachments
+
+SOAP_TYPES = {"text/xml": "1.1", "application/soap+xml": "1.2"}
+
+
+@dataclass
+class Message:
+    """One multipart/related message on its way through a route."""
+
+    package: mime.Package
+    xop: bool  # the root part is application/xop+xml (MTOM)
+    includes: list[etree._Element] = field(default_factory=list)  # the root's xop:Include elements
+    stripped: bool = False  # unreferenced attachments left out (policy `strip`)
+
+    @property
+    def root_bytes(self) -> bytes:
+        body = self.package.root.body
+        return body if isinstance(body, bytes) else body.tobytes()
+
+    @property
+    def soap_type(self) -> str:
+        """The SOAP media type the root stands for (an XOP root's own `type` parameter, with its action)."""
+        root = self.package.root
+        return root.media.params.get("type", "") if self.xop else root.content_type
+
+
+def receive(content_type: str | None, body: bytes, policy: Attachments) -> Message | None:
+    """The message's package, or None for a plain SOAP message."""
+    if not mime.is_multipart(content_type):
+        return None
+    assert content_type is not None
+    if not policy.accept:
+        raise mime.refused("multipart message on a route that takes no attachments")
+    package = mime.parse(content_type, body, policy)
+    return Message(package, xop=package.media.params["type"].lower() == "application/xop+xml")
+
+
+def check(msg: Message, env: Envelope, policy: Attachments) -> None:
+    """The root as parsed against its labels, and every `cid:` reference against the parts: what a backend would
+    resolve must be what the gateway checked."""
+    label = msg.package.root.media.params.get("charset")
+    if label is not None and label.lower() != env.encoding:
+        raise mime.refused(f"root part labelled {label[:20]!r}, its bytes are {env.encoding}")
+    declared = SOAP_TYPES.get(mime.media_type(msg.soap_type, "root").essence)
+    if declared != env.version:
+        raise mime.refused(f"root part declared SOAP {declared}, the envelope is SOAP {env.version}")
+    msg.includes = xop.check_includes(env.root, msg.package, msg.xop)
+    named = xop.references(env.root, msg.package)
+    unnamed = [p for p in msg.package.attachments if p.content_id not in named]
+    if unnamed and policy.unreferenced == "refuse":
+        raise mime.refused(f"{len(unnamed)} attachments no cid: reference names")
+    if unnamed and policy.unreferenced == "strip":
+        kept = tuple(p for p in msg.package.attachments if p.content_id in named)
+        msg.package, msg.stripped = replace(msg.package, attachments=kept), True
+
+
+def forward(env: Envelope, msg: Message, rule: str, reserialized: bool) -> tuple[bytes | None, str]:
+    """The body for the next hop (None: the message as it came) and its Content-Type. `reserialized`: the
+    pipeline changed the envelope (a secured profile); `rule` is the route's keep/inline for this direction."""
+    package = msg.package
+    inlined: set[str] = set()
+    if rule == "inline" and msg.includes:
+        inlined = xop.inline(msg.includes, package)
+        reserialized = True
+    rest = tuple(p for p in package.attachments if p.content_id not in inlined)
+    if inlined and not rest:  # nothing left to package: one SOAP envelope
+        return env.serialize(), charset.content_type(msg.soap_type, "utf-8", env.version)
+    if not reserialized and not msg.stripped:
+        return None, package.content_type
+    root = package.root
+    if reserialized:
+        content_type = charset.content_type(root.content_type, "utf-8", env.version)
+        root = mime.with_content(root, env.serialize(), {"Content-Type": content_type})
+    return mime.serialize(replace(package, root=root, attachments=rest)), package.content_type
+
+
+def without_includes(env: Envelope) -> Envelope:
+    """A copy of `env` whose xop:Include elements are empty text (valid base64Binary of no octets): what the
+    schema validates of an MTOM message, without its attachments inlined (docs/attachments.md)."""
+    if not xop.includes(env.root):
+        return env
+    stripped = Envelope(copy.deepcopy(env.root), env.version, env.encoding)
+    for inc in xop.includes(stripped.root):
+        parent = inc.getparent()
+        assert parent is not None
+        parent.remove(inc)
+    return stripped

@@ -1,0 +1,115 @@
+"""multipart/related through the running gateway (real Envoy, filter workers, the demo backend, which answers a
+package with the same package): MTOM and SwA requests and replies pass with their attachments byte for byte on
+`xml` and `rsa` routes, SOAP 1.1 and 1.2; a route may have XOP inlined for its backend; a representative set of
+MIME threats is refused before the backend (every variant: tests/threats/test_mime_threats.py)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+import pytest
+import requests
+from lxml import etree
+
+from filters.engine.mime import package as mime
+from gateway.policy import Attachments
+from tests.support import mime as build
+from tests.support.harness import GatewayFactory, LiveGateway, fault_code
+from tests.support.wss_helpers import DEMO, echo, route_doc
+
+ATTACHMENT = bytes(range(256)) * 4096 + b"\r\n--" + b"not the boundary\r\n"  # 1 MiB of every byte value
+ACCEPT = {"accept": True, "max_part_bytes": 2 * 1024 * 1024}
+
+
+def _xml(name: str, **attachments: object) -> dict:
+    return {"name": name, "match": {"path_prefix": f"/{name}/"}, "upstream": {"address": "BACKEND"},
+            "profile": "xml", "attachments": {**ACCEPT, **attachments}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
+    routes = [
+        _xml("mtom"),
+        _xml("inline", to_backend="inline"),
+        {"name": "plain", "match": {"path_prefix": "/plain/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
+        route_doc(pki, "rsa", name="rsa", attachments=ACCEPT),
+    ]
+    return module_gateway(routes, workers=1)
+
+
+def _post(gw: LiveGateway, route: str, content_type: str, body: bytes) -> requests.Response:
+    return gw.post(route, body, headers={"content-type": content_type}, timeout=60)
+
+
+def _echo_xop(version: str, cid: str = "a@test") -> bytes:
+    return echo(f'<xop:Include xmlns:xop="{build.XOP}" href="cid:{cid}"/>', version)
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_mtom_and_swa_pass_byte_for_byte_both_ways_on_an_xml_route(gw: LiveGateway, version: str) -> None:
+    for content_type, body in (build.mtom({"a@test": ATTACHMENT}, version, root=_echo_xop(version)),
+                               build.swa({"a@test": ATTACHMENT}, version)):  # fmt: skip
+        gw.clear()
+        r = _post(gw, "mtom", content_type, body)
+        assert r.status_code == 200, r.text[:300]
+        (got,) = gw.received()
+        assert got["sha256"] == hashlib.sha256(body).hexdigest() and got["headers"]["content-type"] == content_type
+        assert r.content == body and r.headers["content-type"] == content_type  # the reply, through the gateway
+
+
+def test_xop_is_inlined_for_a_backend_that_wants_plain_soap(gw: LiveGateway) -> None:
+    content_type, body = build.mtom({"a@test": ATTACHMENT}, "1.2", root=_echo_xop("1.2"))
+    r = _post(gw, "inline", content_type, body)
+    assert r.status_code == 200, r.text[:300]
+    got = gw.received()[-1]
+    assert got["headers"]["content-type"].startswith("application/soap+xml; charset=utf-8")
+    reply = etree.fromstring(r.content)  # the backend answered plain SOAP: the client gets it as it came
+    assert base64.b64decode(reply.findtext(f".//{{{DEMO}}}text")) == ATTACHMENT
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_mtom_on_an_rsa_route_verified_and_attachments_intact(gw: LiveGateway, version: str) -> None:
+    client = gw.client("rsa")
+    secured, pending = client.secure(_echo_xop(version))
+    content_type, body = build.mtom({"a@test": ATTACHMENT}, version, root=secured)
+    gw.clear()
+    r = _post(gw, "rsa", content_type, body)
+    assert r.status_code == 200, r.text[:300]
+    (got,) = gw.received()
+    assert got["length"] < len(body)  # the Security header is gone from the root part
+    assert got["headers"]["content-type"] == content_type and got["headers"]["x-wsgate-subject"]
+    limits = Attachments(**ACCEPT)
+    reply = mime.parse(r.headers["content-type"], r.content, limits)
+    assert bytes(mime.find(reply, "cid:a@test").body) == ATTACHMENT  # type: ignore[union-attr]
+    env = client.open(bytes(reply.root.body), pending)  # the reply's root, signed by the gateway
+    assert env.body.find(f".//{{{build.XOP}}}Include") is not None
+
+
+def test_a_multipart_message_on_a_route_that_takes_none_is_refused(gw: LiveGateway) -> None:
+    gw.clear()
+    r = _post(gw, "plain", *build.mtom({"a@test": b"x"}))
+    assert r.status_code == 500 and fault_code(r) == "Client" and gw.received() == []
+
+
+@pytest.mark.parametrize(
+    "bend",
+    [
+        pytest.param(lambda b: b.replace(b"<b@test>", b"<a@test>"), id="duplicate Content-ID"),
+        pytest.param(lambda b: b.replace(b"cid:b@test", b"cid:c@test"), id="cid to a missing part"),
+        pytest.param(lambda b: b.replace(b"cid:b@test", b"cid:root.message@test"), id="cid to the root"),
+        pytest.param(lambda b: b.replace(b"BBBB", b"BB--" + build.BOUNDARY.encode() + b"BB"), id="boundary in content"),
+        pytest.param(lambda b: b.replace(b"application/octet-stream", b"multipart/mixed; boundary=x", 1), id="nested"),
+        pytest.param(lambda b: b.replace(b"Transfer-Encoding: binary\r\nContent-ID: <b",
+                                         b"Transfer-Encoding: quoted-printable\r\nContent-ID: <b"), id="encoding"),
+        pytest.param(lambda b: b.replace(b"charset=UTF-8", b"charset=UTF-16"), id="charset label"),
+    ],
+)  # fmt: skip
+def test_mime_threats_are_refused_before_the_backend(gw: LiveGateway, bend) -> None:  # type: ignore[no-untyped-def]
+    content_type, body = build.mtom({"a@test": b"AAAA", "b@test": b"BBBB"}, "1.2")
+    assert bend(body) != body
+    gw.clear()
+    r = _post(gw, "mtom", content_type, bend(body))
+    assert r.status_code == 500 and b"<env:Value>env:Sender</env:Value>" in r.content, r.text[:300]
+    assert r.headers["content-type"].startswith("application/soap+xml") and gw.received() == []
