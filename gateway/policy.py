@@ -170,11 +170,15 @@ class AttachmentSecurity(Strict):
     """WS-Security over SOAP attachments (the SwA profile 1.1; docs/attachments.md). `must_sign`: the Content-Types
     of the attachments a request must have signed ("*/*" all of them, "image/*" a family, "application/pdf" one);
     `headers_signed`: signed with their MIME headers (Attachment-Complete-Signature-Transform), so a part cannot be
-    re-labelled; `encrypted`: those attachments must also have arrived encrypted."""
+    re-labelled; `encrypted`: those attachments must also have arrived encrypted. Replies: `sign_response` signs
+    every attachment of a signed reply (with its headers), `encrypt_response` encrypts them (Attachment-Complete)
+    where the reply is encrypted (encryption.encrypt_response)."""
 
     must_sign: list[str] = Field(default=[], max_length=50)
     headers_signed: bool = True
     encrypted: bool = False
+    sign_response: bool = False
+    encrypt_response: bool = False
 
     @field_validator("must_sign")
     @classmethod

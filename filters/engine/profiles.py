@@ -20,7 +20,7 @@ from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, store_resolver
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
-from filters.engine.wss import encryption, keys, signature, token, wssecurity
+from filters.engine.wss import attachments, encryption, keys, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.keys import RevocationCheck
@@ -104,10 +104,23 @@ class SecuredPipeline(RoutePipeline):
         route = self.route
         env = self.parse_request(body, headers, ex)
         with metrics.stage(route, "security_header"):
-            verified = wssecurity.process(env, self.requirements, self.credentials, datetime.now(UTC))
+            verified = self.process(env, ex, self.requirements, self.credentials, datetime.now(UTC))
         # Decrypted content is new XML: the envelope must still be one Envelope with one Body.
         check_structure(env.root)
         return self.deliver(env, verified, verified.subject, headers, ex)
+
+    @staticmethod
+    def process(
+        env: Envelope, ex: Exchange, req: wssecurity.Requirements, creds: wssecurity.Credentials, now: datetime
+    ) -> wssecurity.Verified:
+        """The Security header, with a multipart request's attachments (the SwA profile: filters/engine/wss/
+        attachments.py); those it decrypted replace their parts in the package the backend gets."""
+        msg = ex.request_mime
+        parts = attachments.from_package(msg.package) if msg is not None else None
+        verified = wssecurity.process(env, req, creds, now, parts)
+        if msg is not None and parts is not None and any(p.changed for p in parts):
+            msg.package = attachments.to_package(msg.package, parts)
+        return verified
 
     def deliver(
         self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
@@ -133,8 +146,12 @@ class SecuredPipeline(RoutePipeline):
             return self.send(env, ex, None, request=False)
         assert isinstance(ex.security, wssecurity.Verified)
         sign, encrypt, tokens = self.response_security(ex.security)
+        msg = ex.response_mime
+        parts = attachments.from_package(msg.package) if msg is not None else None
         with metrics.stage(route, "secure"):
-            self.secure(env, datetime.now(UTC), sign, encrypt, tokens)
+            self.secure(env, datetime.now(UTC), sign, encrypt, tokens, parts)
+        if msg is not None and parts is not None and any(p.changed for p in parts):
+            msg.package = attachments.to_package(msg.package, parts)
         with metrics.stage(route, "serialize"):
             return self.send(env, ex, None, request=False, reserialized=True)
 
@@ -145,17 +162,21 @@ class SecuredPipeline(RoutePipeline):
         sign: sending.SignWith | None,
         encrypt: sending.EncryptFor | None,
         tokens: tuple[etree._Element, ...],
+        parts: attachments.Attachments | None = None,
     ) -> None:
-        """Secure a reply; its Signature encrypted with its Body where the policy says (encrypt_signature)."""
+        """Secure a reply; its Signature encrypted with its Body where the policy says (encrypt_signature); its
+        attachments (`parts`) signed and encrypted where attachment_security says."""
         encrypt_signature = self.route.encryption.encrypt_signature and sign is not None and encrypt is not None
         # The reply's WS-Addressing headers signed where the published policy's SignedParts name them (the route
         # signs addressing; a SecureConversation bootstrap always does): Metro refuses a reply without them.
         route = self.route
-        parts = ("body", "timestamp")
+        signed_parts = ("body", "timestamp")
         if "addressing" in route.signature.parts or route.profile == "secureconversation":
-            parts += ("addressing",)
-        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, sign_parts=parts,
-                       encrypt=encrypt, tokens=tokens, encrypt_signature=encrypt_signature)  # fmt: skip
+            signed_parts += ("addressing",)
+        swa = route.attachment_security
+        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, sign_parts=signed_parts,
+                       encrypt=encrypt, tokens=tokens, encrypt_signature=encrypt_signature, parts=parts,
+                       sign_parts_attached=swa.sign_response, encrypt_parts=swa.encrypt_response)  # fmt: skip
 
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
         """How to secure the response to a request that established `verified`."""
@@ -217,9 +238,9 @@ class SecureConversationPipeline(SecuredPipeline):
         now = datetime.now(UTC)
         with metrics.stage(route, "security_header"):
             if in_context:
-                verified = wssecurity.process(env, self.in_context, self.context_credentials, now)
+                verified = self.process(env, ex, self.in_context, self.context_credentials, now)
             else:
-                verified = wssecurity.process(env, self.requirements, self.credentials, now)
+                verified = self.process(env, ex, self.requirements, self.credentials, now)
         check_structure(env.root)
         rst = ws_trust.find_rst(env)
         if rst is not None:

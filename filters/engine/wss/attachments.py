@@ -19,6 +19,7 @@ decryption or encryption (which replaces the part's body)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import os
@@ -69,7 +70,7 @@ class Attachment:
 
     content_id: str  # without the angle brackets
     headers: list[tuple[str, str]]
-    body: bytes | memoryview
+    body: bytes | bytearray | memoryview  # decrypted or encrypted here: a bytearray
     signed: str | None = None  # "content" or "complete": how a verified signature covered it
     decrypted: bool = False
     changed: bool = False  # decrypted or encrypted here: its part is written anew (to_package)
@@ -119,15 +120,22 @@ def from_package(package: mime.Package) -> Attachments:
 
 
 def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
-    """`package` with each attachment that was decrypted or encrypted written back, binary, with its new headers."""
+    """`package` with each attachment that was decrypted or encrypted written back with its new headers: binary,
+    or base64 where its new bytes hold the package's boundary (a plaintext or ciphertext that would otherwise end
+    the part early, or add parts the gateway never checked, for the next reader)."""
+    delimiter = b"--" + package.boundary.encode("ascii")
     out = []
     for old, new in zip(package.attachments, parts, strict=True):
         if not new.changed:
             out.append(old)
             continue
+        body = new.body
+        encoding = "binary"
+        if not isinstance(body, memoryview) and delimiter in body:
+            body, encoding = base64.encodebytes(bytes(body)).replace(b"\n", b"\r\n"), "base64"
         headers = [(n, v) for n, v in new.headers if n.lower() != "content-transfer-encoding"]
-        headers.append(("Content-Transfer-Encoding", "binary"))
-        out.append(mime.Part(tuple(headers), new.content_id, new.content_type, new.body, None))
+        headers.append(("Content-Transfer-Encoding", encoding))
+        out.append(mime.Part(tuple(headers), new.content_id, new.content_type, body, None))
     return dataclasses.replace(package, attachments=tuple(out))
 
 
@@ -324,7 +332,7 @@ def is_attachment_data(ed: etree._Element) -> bool:
     return ed.get("Type") in ENCRYPTED_TYPES
 
 
-def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> bytes:
+def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> bytearray:
     algorithm = encryption.DATA[alg_name]
     if len(key) != algorithm.key_size:
         raise encryption.failed(f"attachment: key of {len(key)} bytes for a {algorithm.key_size}-byte algorithm")
@@ -341,7 +349,7 @@ def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> byte
             decryptor.finalize()
         except InvalidTag:
             raise encryption.failed("attachment: GCM authentication tag mismatch") from None
-        return bytes(out)
+        return out
     block = encryption.BLOCK
     if len(view) < 2 * block or len(view) % block:
         raise encryption.failed("attachment: CBC ciphertext is not IV + whole blocks")
@@ -353,11 +361,11 @@ def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> byte
     if not 1 <= pad <= block:
         raise encryption.failed("attachment: bad CBC padding")
     del out[-pad:]
-    return bytes(out)
+    return out
 
 
-def _split_headers(plain: bytes, part: Attachment) -> tuple[list[tuple[str, str]], memoryview]:
-    """The encrypted headers of an Attachment-Complete plaintext and the content after the blank line."""
+def _split_headers(plain: bytearray, part: Attachment) -> list[tuple[str, str]]:
+    """The encrypted headers of an Attachment-Complete plaintext, taken off its front (the content stays)."""
     end = plain.find(b"\r\n\r\n", 0, (MAX_LINE + 2) * MAX_HEADER_LINES)
     if plain.startswith(b"\r\n"):
         end = -2
@@ -374,7 +382,8 @@ def _split_headers(plain: bytes, part: Attachment) -> tuple[list[tuple[str, str]
     inner_id = next((bare_id(v) for n, v in headers if n == "Content-ID"), None)
     if inner_id is not None and inner_id != part.content_id:
         raise encryption.failed("attachment: encrypted Content-ID differs from the part's")
-    return headers, memoryview(plain)[end + 4 :]
+    del plain[: end + 4]  # in place: no second copy of the content
+    return headers
 
 
 @metrics.timed("attachment_decrypt")
@@ -396,11 +405,11 @@ def decrypt(ed: etree._Element, key: bytes, allowed: Sequence[str], parts: Attac
         part.headers = [(n, v) for n, v in part.headers if n.lower() != "content-type"] + [("Content-Type", mime)]
         part.body = plain
     else:
-        inner, content = _split_headers(plain, part)
+        inner = _split_headers(plain, part)
         replaced = {n.lower() for n, _ in inner}
         outer = [(n, v) for n, v in part.headers if n.lower() not in replaced]
         part.headers = outer + inner
-        part.body = content
+        part.body = plain
     part.decrypted = True
     part.changed = True
     part.encrypted_data = ed
@@ -439,7 +448,7 @@ def encrypt(
     out += encryptor.finalize()
     if alg.gcm:
         out += encryptor.tag
-    part.body = bytes(out)
+    part.body = out
     part.changed = True
     part.headers = [(n, v) for n, v in kept if n.lower() != "content-type"] + [
         ("Content-Type", "application/octet-stream")

@@ -107,10 +107,11 @@ final class Verify {
         }
         for (WSDataRef ref : refs) {
             QName name = ref.getName();
-            if (name != null) {
+            String id = ref.getWsuId();
+            if (id != null && id.startsWith("cid:")) {
+                into.add(id); // an attachment (SwA): named by its cid: URI
+            } else if (name != null) {
                 into.add("{" + name.getNamespaceURI() + "}" + name.getLocalPart());
-            } else if (ref.getWsuId() != null && ref.getWsuId().startsWith("cid:")) {
-                into.add(ref.getWsuId());  // an attachment (SwA)
             }
         }
     }
