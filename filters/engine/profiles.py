@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -19,6 +19,7 @@ from lxml import etree
 from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, store_resolver
+from filters.engine.mime import related
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
 from filters.engine.wss import attachments, encryption, keys, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
@@ -58,6 +59,26 @@ class Stores(Protocol):
 
 # What secures a message: the signature, the encryption, tokens to put first in the header.
 ResponseSecurity = tuple[sending.SignWith | None, sending.EncryptFor | None, tuple[etree._Element, ...]]
+
+
+T = TypeVar("T")
+
+
+def with_parts(env: Envelope, msg: related.Message | None, work: Callable[[attachments.Attachments | None], T]) -> T:
+    """`work` (the Security header's processing or making) over a multipart message's attachments (the SwA profile:
+    filters/engine/wss/attachments.py), its XOP content expanded: signatures are over the infoset, as an MTOM sender
+    makes them. Then the parts it decrypted or encrypted replace theirs, and the XOP form is restored where its
+    content is still there (what was decrypted or encrypted away leaves the package)."""
+    if msg is None:
+        return work(None)
+    expanded = attachments.expand_xop(msg.includes, msg.package)
+    parts = attachments.from_package(msg.package)
+    result = work(parts)
+    if any(p.changed for p in parts):
+        msg.package = attachments.to_package(msg.package, parts)
+    if expanded:
+        msg.includes, msg.package = attachments.restore_xop(expanded, env.root, msg.package)
+    return result
 
 
 class SecuredPipeline(RoutePipeline):
@@ -109,18 +130,11 @@ class SecuredPipeline(RoutePipeline):
         check_structure(env.root)
         return self.deliver(env, verified, verified.subject, headers, ex)
 
-    @staticmethod
     def process(
-        env: Envelope, ex: Exchange, req: wssecurity.Requirements, creds: wssecurity.Credentials, now: datetime
+        self, env: Envelope, ex: Exchange, req: wssecurity.Requirements, creds: wssecurity.Credentials, now: datetime
     ) -> wssecurity.Verified:
-        """The Security header, with a multipart request's attachments (the SwA profile: filters/engine/wss/
-        attachments.py); those it decrypted replace their parts in the package the backend gets."""
-        msg = ex.request_mime
-        parts = attachments.from_package(msg.package) if msg is not None else None
-        verified = wssecurity.process(env, req, creds, now, parts)
-        if msg is not None and parts is not None and any(p.changed for p in parts):
-            msg.package = attachments.to_package(msg.package, parts)
-        return verified
+        """The Security header, with a multipart request's attachments (see `with_parts`)."""
+        return with_parts(env, ex.request_mime, lambda parts: wssecurity.process(env, req, creds, now, parts))
 
     def deliver(
         self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
@@ -146,12 +160,9 @@ class SecuredPipeline(RoutePipeline):
             return self.send(env, ex, None, request=False)
         assert isinstance(ex.security, wssecurity.Verified)
         sign, encrypt, tokens = self.response_security(ex.security)
-        msg = ex.response_mime
-        parts = attachments.from_package(msg.package) if msg is not None else None
         with metrics.stage(route, "secure"):
-            self.secure(env, datetime.now(UTC), sign, encrypt, tokens, parts)
-        if msg is not None and parts is not None and any(p.changed for p in parts):
-            msg.package = attachments.to_package(msg.package, parts)
+            now = datetime.now(UTC)
+            with_parts(env, ex.response_mime, lambda parts: self.secure(env, now, sign, encrypt, tokens, parts))
         with metrics.stage(route, "serialize"):
             return self.send(env, ex, None, request=False, reserialized=True)
 

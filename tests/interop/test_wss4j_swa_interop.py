@@ -46,6 +46,7 @@ def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
         route_doc(pki, "rsa", name="swa", attachments=ACCEPT, attachment_security=ENCRYPTED,
                   encryption={"require_request": True, "encrypt_response": True}),
         route_doc(pki, "rsa", name="swa-content", attachments=ACCEPT, attachment_security=SIGNED_CONTENT),
+        route_doc(pki, "rsa", name="mtom", attachments=ACCEPT),
     ]  # fmt: skip
     return module_gateway(routes, workers=1)
 
@@ -137,3 +138,63 @@ def test_wss4j_content_signed_attachments_both_ways(gw: LiveGateway, pki: Path, 
     verified = _verify(wss4j, pki, resp)
     assert {"cid:doc@wss4j", "cid:note@wss4j"} <= set(verified["signed"]), verified["signed"]
     assert _bodies(verified["attachments"]) == _plain()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# MTOM: signatures over the XOP infoset, ciphertext in an attachment
+
+
+def _mtom_post(gw: LiveGateway, route: str, xml: bytes, atts: list[dict[str, Any]], version: str) -> requests.Response:
+    soap = "application/soap+xml" if version == "1.2" else "text/xml"
+    root = build.part([("Content-Type", f'application/xop+xml; charset=UTF-8; type="{soap}"'),
+                       ("Content-ID", "<root.message@test>")], xml)  # fmt: skip
+    parts = [build.part(_headers(a), base64.b64decode(a["body"])) for a in atts]
+    content_type = (f'multipart/related; type="application/xop+xml"; boundary={build.BOUNDARY}; '
+                    f'start="<root.message@test>"; start-info="{soap}"')  # fmt: skip
+    return gw.post(route, build.package([root, *parts]), headers={"content-type": content_type}, timeout=60)
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_wss4j_signed_mtom_verified_over_the_infoset_and_reply_kept_mtom(
+    gw: LiveGateway, pki: Path, wss4j: Wss4j, version: str
+) -> None:
+    """WSS4J signs the Body with the document inline (base64), then the sender optimizes it into an xop:Include and
+    an attachment (MTOM serializes after WS-Security). The gateway verifies the signature over the infoset, the
+    backend gets MTOM (the route keeps it), and the reply, signed over its infoset, stays MTOM for WSS4J, which
+    verifies it with its XOP expansion."""
+    inline = base64.b64encode(DOC).decode()
+    sign = x509_sign(pki, [part("Body", soap_ns(version)), part("Timestamp", WSU)])
+    secured = wss4j.secure(echo(inline, version), [{"do": "timestamp"}, sign])["xml"]
+    assert secured.count(inline) == 1
+    include = f'<xop:Include xmlns:xop="{build.XOP}" href="cid:doc@mtom"/>'
+    optimized = secured.replace(inline, include).encode()
+    doc = {"id": "doc@mtom", "headers": {"Content-Type": "application/pdf"}, "body": inline}
+    gw.clear()
+    resp = _mtom_post(gw, "mtom", optimized, [doc], version)
+    assert resp.status_code == 200, resp.text[:500]
+    (received,) = gw.received()
+    assert received["headers"]["content-type"].startswith('multipart/related; type="application/xop+xml"')
+    assert "cid:doc@mtom" in received["body"] and inline not in received["body"]  # MTOM kept, not inlined
+    reply = mime.parse(resp.headers["content-type"], resp.content, Attachments(**ACCEPT))
+    assert b"cid:doc@mtom" in bytes(reply.root.body) and bytes(reply.attachments[0].body) == DOC
+    verified = wss4j.verify(bytes(reply.root.body), trust=[str(pki / "ca.pem")], key=str(pki / "client.key"),
+                            cert=str(pki / "client.pem"), bsp=True, attachments=_wss4j_view(reply),
+                            expand_xop=True)  # fmt: skip
+    assert f"{{{soap_ns(version)}}}Body" in verified["signed"]
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_wss4j_ciphertext_in_an_attachment_decrypted(gw: LiveGateway, pki: Path, wss4j: Wss4j, version: str) -> None:
+    """WSS4J's storeBytesInAttachment: the Body's CipherValue travels as an xop:Include of an attachment holding the
+    raw ciphertext. The gateway decrypts it like an inline one; the consumed attachment does not reach the backend."""
+    text = f"sealed-mtom-{version}"
+    sign = x509_sign(pki, [part("Body", soap_ns(version)), part("Timestamp", WSU)])
+    enc = {**encrypt_to_gateway(pki, [part("Body", soap_ns(version), "Content")]), "store_bytes_in_attachment": True}
+    secured = wss4j.secure(echo(text, version), [{"do": "timestamp"}, sign, enc], attachments=[])
+    assert text not in secured["xml"] and "xop:Include" in secured["xml"] and secured["attachments"]
+    gw.clear()
+    resp = _mtom_post(gw, "mtom", secured["xml"].encode(), secured["attachments"], version)
+    assert resp.status_code == 200, resp.text[:500]
+    (received,) = gw.received()
+    assert text in received["body"] and "xop:Include" not in received["body"]
+    assert not any(f"<{a['id']}>" in received["body"] for a in secured["attachments"])

@@ -139,6 +139,56 @@ def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
     return dataclasses.replace(package, attachments=tuple(out))
 
 
+@dataclass(frozen=True)
+class Expanded:
+    """An xop:Include replaced by its part's content as base64 text (`expand_xop`)."""
+
+    parent: etree._Element
+    href: str
+    content_id: str
+    text: str
+
+
+def expand_xop(includes: Sequence[etree._Element], package: mime.Package) -> list[Expanded]:
+    """Each xop:Include replaced by the base64 text of the part it names: the infoset an MTOM sender signed and
+    encrypted (XOP 1.0; WSS4J's expandXopInclude), so signatures are verified and made over it, and a CipherValue
+    WSS4J stored in an attachment (storeBytesInAttachment) is read like any other. `restore_xop` undoes it."""
+    out = []
+    for inc in includes:  # xop.check_includes: each the only, empty child of its parent, naming an attachment
+        href = inc.get("href", "")
+        part = mime.find(package, href)
+        parent = inc.getparent()
+        assert part is not None and part.content_id is not None and parent is not None
+        text = base64.b64encode(xop.octets(part)).decode("ascii")
+        parent.remove(inc)
+        parent.text = text
+        out.append(Expanded(parent, href, part.content_id, text))
+    return out
+
+
+def restore_xop(
+    expanded: Sequence[Expanded], root: etree._Element, package: mime.Package
+) -> tuple[list[etree._Element], mime.Package]:
+    """The xop:Include elements put back where the expanded text is still in the envelope, unchanged (the message
+    keeps MTOM as it came); the parts whose text is gone (a CipherValue decrypted, content encrypted into a
+    reply's Body) leave the package. The new Include elements and package."""
+    includes: list[etree._Element] = []
+    kept: set[str] = set()
+    for e in expanded:
+        # An element taken out of the tree still has the document's root as getroottree's: ask its ancestors.
+        attached = any(a is root for a in e.parent.iterancestors())
+        if not attached or e.parent.text != e.text or len(e.parent):
+            continue
+        e.parent.text = None
+        inc = etree.SubElement(e.parent, ns.q(xop.XOP, "Include"), nsmap={"xop": xop.XOP})
+        inc.set("href", e.href)
+        includes.append(inc)
+        kept.add(e.content_id)
+    gone = {e.content_id for e in expanded} - kept
+    rest = tuple(p for p in package.attachments if p.content_id not in gone)
+    return includes, dataclasses.replace(package, attachments=rest)
+
+
 def bare_id(header_value: str) -> str:
     """A Content-ID header's value without its angle brackets."""
     value = header_value.strip()

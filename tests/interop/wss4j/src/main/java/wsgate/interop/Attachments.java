@@ -22,7 +22,8 @@ import org.apache.wss4j.common.ext.AttachmentResultCallback;
  * The message's attachments as WSS4J's SwA code asks for them: an AttachmentCallbackHandler (as CXF's and WSS4J's
  * own tests implement it) over the JSON list [{"id", "headers": {name: value}, "body": base64}], in order. WSS4J
  * asks for one attachment by id, or for "Attachments" (all of them), and hands back each one it signed over,
- * encrypted or decrypted (AttachmentResultCallback): that replaces the attachment of the same id.
+ * encrypted or decrypted (AttachmentResultCallback): that replaces the attachment of the same id, or is added
+ * (the ciphertext WSS4J stores in an attachment of its own with storeBytesInAttachment).
  */
 final class Attachments implements CallbackHandler {
     private final List<Attachment> parts = new ArrayList<>();
@@ -50,6 +51,11 @@ final class Attachments implements CallbackHandler {
         return parts.isEmpty();
     }
 
+    /** Whether the step asked for ciphertext in attachments (an MTOM message) or WSS4J added one. */
+    static boolean flag(JsonObject o, String name) {
+        return o.has(name) && o.get(name).getAsBoolean();
+    }
+
     @Override
     public void handle(Callback[] callbacks) throws IOException, UnsupportedCallbackException {
         for (Callback c : callbacks) {
@@ -65,10 +71,15 @@ final class Attachments implements CallbackHandler {
                 Attachment got = res.getAttachment();
                 byte[] body = read(got.getSourceStream());
                 got.setSourceStream(new ByteArrayInputStream(body));
+                boolean replaced = false;
                 for (int i = 0; i < parts.size(); i++) {
                     if (parts.get(i).getId().equals(res.getAttachmentId())) {
                         parts.set(i, got);
+                        replaced = true;
                     }
+                }
+                if (!replaced) { // a new one: ciphertext stored in an attachment (storeBytesInAttachment)
+                    parts.add(got);
                 }
             } else {
                 throw new UnsupportedCallbackException(c);

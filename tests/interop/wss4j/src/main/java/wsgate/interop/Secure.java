@@ -85,8 +85,9 @@ final class Secure {
             }
         }
         answer.addProperty("xml", Xml.serialize(doc));
-        if (!attachments.isEmpty()) {
-            answer.add("attachments", attachments.toJson());
+        JsonArray parts = attachments.toJson();
+        if (!parts.isEmpty()) {
+            answer.add("attachments", parts);
         }
         return answer;
     }
@@ -202,6 +203,7 @@ final class Secure {
         WSSecEncrypt enc = new WSSecEncrypt(header);
         enc.setSymmetricEncAlgorithm(Algorithms.data(str(step, "algorithm", "aes256-gcm")));
         enc.setAttachmentCallbackHandler(attachments);
+        enc.setStoreBytesInAttachment(Attachments.flag(step, "store_bytes_in_attachment"));
         enc.getParts().addAll(parts(step));
         if ("x509".equals(with)) {
             // WSS4J's encryption action: a fresh key in an EncryptedKey whose ReferenceList names every part.

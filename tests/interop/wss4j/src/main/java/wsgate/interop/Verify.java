@@ -60,6 +60,7 @@ final class Verify {
         data.setDisableBSPEnforcement(req.has("bsp") && !req.get("bsp").getAsBoolean());
         Attachments attachments = new Attachments(req.getAsJsonArray("attachments"));
         data.setAttachmentCallbackHandler(attachments);
+        data.setExpandXopInclude(Attachments.flag(req, "expand_xop")); // MTOM: signatures over the XOP infoset
         WSHandlerResult result = new WSSecurityEngine().processSecurityHeader(doc, data);
         if (result == null) {
             throw new IllegalStateException("no wsse:Security header for WSS4J to process");
@@ -93,8 +94,9 @@ final class Verify {
         answer.add("signed", signed);
         answer.add("decrypted", decrypted);
         answer.addProperty("xml", Xml.serialize(doc));
-        if (!attachments.isEmpty()) {
-            answer.add("attachments", attachments.toJson());
+        JsonArray parts = attachments.toJson();
+        if (!parts.isEmpty()) {
+            answer.add("attachments", parts);
         }
         return answer;
     }
