@@ -338,6 +338,8 @@ def content_form(attachment: Attachment) -> Iterator[bytes | memoryview]:
             doc = etree.fromstring(bytes(attachment.body), xmlsupport.parser())
         except (etree.XMLSyntaxError, xmlsupport.ExternalResourceRefused) as exc:
             raise faults.security("InvalidSecurity", f"XML attachment does not parse: {str(exc)[:120]}") from None
+        if doc.getroottree().docinfo.doctype:  # entities and DTDs: refused as in envelopes (threat_protection)
+            raise faults.security("InvalidSecurity", "XML attachment with a DOCTYPE")
         yield etree.tostring(doc, method="c14n", exclusive=True, with_comments=False)
     elif _TEXT_TYPE.match(mime):
         yield from _crlf(_chunks(attachment.body))
