@@ -90,8 +90,11 @@ class RoutePipeline:
         msg = ex.request_mime if request else ex.response_mime
         if msg is None:
             return forward(env, received_type, env.serialize() if reserialized else None, **headers)
-        rule = self.route.attachments.to_backend if request else self.route.attachments.to_client
-        body, content_type = related.forward(env, msg, rule, reserialized)
+        if request and reserialized:
+            related.resolve(msg, env)  # the root as the profile left it: decrypted content checked too
+        if request and self.route.attachments.to_backend == "inline":
+            related.inline(msg)
+        body, content_type = related.forward(env, msg, reserialized)
         return Outcome(body=body, set_headers={**headers, "content-type": content_type})
 
     def validate(self, env: Envelope, request: bool) -> None:
@@ -110,6 +113,8 @@ class RoutePipeline:
                 env = parse_envelope(body if msg is None else msg.root_bytes, self.route.response_limits)
                 if msg is not None:
                     related.check(msg, env, attachments)
+                    if attachments.to_client == "inline":
+                        related.inline(msg)  # before the profile signs the reply
         except faults.Fault as fault:
             # A backend that answers something other than SOAP is the backend's fault, not the client's.
             raise faults.server(f"backend response refused: {fault.reason}", status=502) from None

@@ -197,7 +197,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    from gateway.tools.client import Client, ClientConfig, ClientError, http_post
+    from gateway.tools.client import Client, ClientConfig, ClientError, attachment, http_exchange, package, unpack
 
     try:
         route = load_checked(args.policies).route(args.policy)
@@ -215,6 +215,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     try:
         client = Client(route, cfg)
         plain = Path(args.request).read_bytes() if args.request != "-" else sys.stdin.buffer.read()
+        attachments = [attachment(spec) for spec in args.attach]
     except (ClientError, OSError, ValueError) as exc:
         print(f"wsgate client: {exc}", file=sys.stderr)
         return 2
@@ -222,7 +223,11 @@ def cmd_client(args: argparse.Namespace) -> int:
     # A route that matches one SOAPAction is reached only with it: send it unless told otherwise.
     actions = route.match.soap_actions
     soap_action = args.soap_action or (actions[0] if len(actions) == 1 else None)
-    post = http_post(args.url, verify=verify, timeout=args.timeout, soap_action=soap_action)
+    exchange = http_exchange(args.url, verify=verify, timeout=args.timeout, soap_action=soap_action)
+
+    def post(body: bytes, ctype: str) -> bytes:
+        return exchange(body, ctype)[1]
+
     session = route.profile == "secureconversation"
     try:
         if session:
@@ -232,8 +237,18 @@ def cmd_client(args: argparse.Namespace) -> int:
             secured, pending = client.secure(plain)
             if args.show_secured:
                 print(secured.decode(), file=sys.stderr)
-            reply = client.open(post(secured, pending.content_type), pending)
+            ctype = pending.content_type
+            if attachments:
+                ctype, secured = package(secured, pending.soap_version, attachments)
+            root, parts = unpack(*exchange(secured, ctype), route)
+            reply = client.open(root, pending)
             sys.stdout.write(reply.serialize().decode() + "\n")
+            for part in parts:
+                print(f"# reply attachment <{part.content_id}> {part.content_type}, {len(part.body)} bytes",
+                      file=sys.stderr)  # fmt: skip
+                if args.attachments_out:
+                    name = (part.content_id or "").replace("/", "_").lstrip(".") or "part"
+                    (args.attachments_out / name).write_bytes(part.body)
         if session and not args.keep_context:
             client.cancel(post)
             print("# context cancelled", file=sys.stderr)
@@ -409,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--encrypt", action=argparse.BooleanOptionalAction, default=None,
                         help="encrypt the Body (default: as the policy requires)")  # fmt: skip
     client.add_argument("--soap-action")
+    client.add_argument("--attach", action="append", default=[], metavar="FILE[:content-type]",
+                        help="send FILE as an attachment, Content-ID its name: MTOM where the request holds "
+                        "xop:Include href='cid:<name>', else SOAP with Attachments (docs/attachments.md)")  # fmt: skip
+    client.add_argument("--attachments-out", type=Path, help="write the reply's attachments here, by Content-ID")
     client.add_argument("--show-secured", action="store_true", help="print the secured request to stderr")
     client.add_argument("--timeout", type=float, default=30)
     client.add_argument("--repeat", type=int, default=1, help="send the request this many times")

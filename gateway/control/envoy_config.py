@@ -197,7 +197,7 @@ def _wsdl_entries(route: Route, docs: list[wsdl_publish.Document], per_filter: d
 
 def _route_entries(route: Route, tls_listener: bool, published: Published) -> list[dict[str, Any]]:
     """Envoy routes for one policy route (three per SOAPAction matched: the 1.1 header, bare or quoted, or the 1.2
-    content-type action), after its published documents' GET routes."""
+    content-type action; a fourth where the route takes MTOM), after its published documents' GET routes."""
     matches: list[dict[str, Any]] = []
     # Case-insensitive: a backend that ignores case (IIS) must not read /RSA/ as a route Envoy did not choose.
     base = {"prefix": route.match.path_prefix, "case_sensitive": False}
@@ -206,9 +206,13 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
     for action in route.match.soap_actions:
         for header, value in (("soapaction", action), ("soapaction", f'"{action}"')):
             matches.append({**base, "headers": [{"name": header, "string_match": {"exact": value}}]})
-        matches.append(
-            {**base, "headers": [{"name": "content-type", "string_match": {"contains": f'action="{action}"'}}]}
-        )
+        spellings = [f'action="{action}"']
+        if route.attachments.accept:  # SOAP 1.2 MTOM: the action is quoted again inside start-info="..."
+            spellings.append(f'action=\\"{action}\\"')
+        matches += [
+            {**base, "headers": [{"name": "content-type", "string_match": {"contains": spelling}}]}
+            for spelling in spellings
+        ]
 
     refusals = []
     if route.touches_xml:

@@ -7,6 +7,8 @@ filters/engine/wss/wssecurity.py)."""
 from __future__ import annotations
 
 import os
+import re
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -19,6 +21,8 @@ from certs import pki
 from filters.engine import faults, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.faults import content_type
+from filters.engine.mime import package as mime
+from filters.engine.mime.xop import XOP as XOP_NS
 from filters.engine.profiles import context_security
 from filters.engine.wss import encryption, keys, signature, wssecurity
 from filters.engine.wss import secure_conversation as sc
@@ -68,18 +72,67 @@ class Pending:
 
 
 Post = Callable[[bytes, str], bytes]  # (body, content type) -> reply body
+Exchange = Callable[[bytes, str], tuple[str, bytes]]  # (body, content type) -> (reply content type, reply body)
 
 
-def http_post(url: str, verify: str | bool = True, timeout: float = 30, soap_action: str | None = None) -> Post:
-    """A Post over HTTP(S) with keep-alive."""
+def http_exchange(url: str, verify: str | bool = True, timeout: float = 30, soap_action: str | None = None) -> Exchange:
+    """An Exchange over HTTP(S) with keep-alive."""
     session = requests.Session()
     extra = {"soapaction": f'"{soap_action}"'} if soap_action else {}
 
-    def post(body: bytes, ctype: str) -> bytes:
+    def exchange(body: bytes, ctype: str) -> tuple[str, bytes]:
         headers = {"content-type": ctype, **extra}
-        return session.post(url, data=body, headers=headers, timeout=timeout, verify=verify).content
+        r = session.post(url, data=body, headers=headers, timeout=timeout, verify=verify)
+        return r.headers.get("content-type", ""), r.content
 
-    return post
+    return exchange
+
+
+def http_post(url: str, verify: str | bool = True, timeout: float = 30, soap_action: str | None = None) -> Post:
+    """A Post over HTTP(S) with keep-alive: the reply's body only."""
+    exchange = http_exchange(url, verify, timeout, soap_action)
+    return lambda body, ctype: exchange(body, ctype)[1]
+
+
+# ---- attachments: MTOM (the envelope holds xop:Include) or SOAP with Attachments (docs/attachments.md)
+
+ROOT_ID = "root@wsgate-client"
+
+
+def attachment(spec: str) -> mime.Part:
+    """`FILE[:content-type]` (default application/octet-stream) as a part; its Content-ID is the file's name
+    (characters a Content-ID cannot hold replaced by `_`): the request names it `cid:<name>`."""
+    path, _, ctype = spec.partition(":")
+    content_id = re.sub(r"[^A-Za-z0-9!#$&'*+\-./=?@^_`{|}~]", "_", Path(path).name)
+    ctype = ctype or "application/octet-stream"
+    headers = (("Content-Type", ctype), ("Content-Transfer-Encoding", "binary"), ("Content-ID", f"<{content_id}>"))
+    return mime.Part(headers, content_id, ctype, Path(path).read_bytes())
+
+
+def package(envelope: bytes, soap_version: str, attachments: list[mime.Part]) -> tuple[str, bytes]:
+    """(Content-Type, body) of the envelope with its attachments: MTOM where it holds xop:Include, else SwA."""
+    soap = content_type(soap_version).split(";")[0]
+    is_xop = XOP_NS.encode() in envelope
+    root_type = f'application/xop+xml; charset=utf-8; type="{soap}"' if is_xop else f"{soap}; charset=utf-8"
+    headers = (("Content-Type", root_type), ("Content-Transfer-Encoding", "binary"), ("Content-ID", f"<{ROOT_ID}>"))
+    boundary = f"uuid:{uuid.uuid4()}"
+    outer = (
+        f'multipart/related; type="{"application/xop+xml" if is_xop else soap}"; boundary="{boundary}"; '
+        f'start="<{ROOT_ID}>"' + (f'; start-info="{soap}"' if is_xop else "")
+    )
+    root = mime.Part(headers, ROOT_ID, root_type, envelope)
+    return outer, mime.serialize(mime.Package(root, tuple(attachments), ROOT_ID, boundary, outer))
+
+
+def unpack(reply_type: str, reply: bytes, route: Route) -> tuple[bytes, tuple[mime.Part, ...]]:
+    """A reply's envelope and attachments (none for a plain SOAP reply), checked as the gateway checks them."""
+    if not mime.is_multipart(reply_type):
+        return reply, ()
+    try:
+        pkg = mime.parse(reply_type, reply, route.attachments)
+    except faults.Fault as f:
+        raise ClientError(f"reply is not a valid package: {f.reason}") from None
+    return bytes(pkg.root.body), pkg.attachments
 
 
 class Client:

@@ -28,14 +28,17 @@ import re
 import threading
 from collections.abc import Callable
 from copy import deepcopy
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from xml.sax.saxutils import escape
 
 from lxml import etree
 
-from filters.engine import ns
+from filters.engine import faults, ns
+from filters.engine.mime import package as mime
 from filters.engine.xml import xmlsupport
+from gateway.policy import MAX_BODY_BYTES, Attachments
 
 log = logging.getLogger("wsgate.demo_backend")
 
@@ -158,6 +161,26 @@ def handle_soap(body: bytes, content_type: str = "") -> tuple[int, str, bytes]:
     """One SOAP exchange: (HTTP status, content type, response body)."""
     version, status, payload = _exchange(body, content_type)
     return status, _CONTENT_TYPES[version], payload
+
+
+# Whatever the gateway lets through: the gateway's checks are under test, not the backend's.
+_PACKAGE_LIMITS = Attachments(accept=True, max_parts=1000, max_part_bytes=MAX_BODY_BYTES)
+
+
+def handle_package(body: bytes, content_type: str) -> tuple[int, str, bytes]:
+    """An MTOM or SwA exchange: the root part answered as `handle_soap` answers it, the attachments sent back as
+    they came (an echo's xop:Include or cid: reference still names its part)."""
+    version = _version_from_content_type(content_type)
+    try:
+        package = mime.parse(content_type, body, _PACKAGE_LIMITS)
+    except faults.Fault as fault:
+        status, refusal = _fault(version, True, fault.reason)
+        return status, _CONTENT_TYPES[version], refusal
+    status, soap_type, answer = handle_soap(bytes(package.root.body), content_type)
+    if status != 200:
+        return status, soap_type, answer
+    root = mime.with_content(package.root, answer)
+    return status, content_type, mime.serialize(replace(package, root=root))
 
 
 def _exchange(body: bytes, content_type: str) -> tuple[str, int, bytes]:
@@ -367,8 +390,8 @@ class DemoBackend:
             digest = hashlib.sha256(body).hexdigest()
             self.received.append(Received(target, headers, body[:RECEIVED_BODY_LIMIT], digest, len(body)))
             content_type = headers.get("content-type", "")
-            if content_type.lower().startswith("multipart/related"):
-                return 200, content_type, body  # an MTOM/SwA service: the package comes back as it came
+            if mime.is_multipart(content_type):
+                return handle_package(body, content_type)
             return handle_soap(body, content_type)
         if path == "/health" and method == "GET":
             return 200, "text/plain; charset=utf-8", b"ok"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from tests.support.wss_helpers import DEMO, echo, route_doc
 
 ATTACHMENT = bytes(range(256)) * 4096 + b"\r\n--" + b"not the boundary\r\n"  # 1 MiB of every byte value
 ACCEPT = {"accept": True, "max_part_bytes": 2 * 1024 * 1024}
+LIMITS = Attachments(**ACCEPT)
 
 
 def _xml(name: str, **attachments: object) -> dict:
@@ -33,8 +36,10 @@ def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     routes = [
         _xml("mtom"),
         _xml("inline", to_backend="inline"),
+        {**_xml("action"), "match": {"path_prefix": "/action/", "soap_action": "urn:upload"}},
         {"name": "plain", "match": {"path_prefix": "/plain/"}, "upstream": {"address": "BACKEND"}, "profile": "xml"},
         route_doc(pki, "rsa", name="rsa", attachments=ACCEPT),
+        route_doc(pki, "rsa", name="rsa-inline", attachments={**ACCEPT, "to_client": "inline"}),
     ]
     return module_gateway(routes, workers=1)
 
@@ -50,13 +55,25 @@ def _echo_xop(version: str, cid: str = "a@test") -> bytes:
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 def test_mtom_and_swa_pass_byte_for_byte_both_ways_on_an_xml_route(gw: LiveGateway, version: str) -> None:
     for content_type, body in (build.mtom({"a@test": ATTACHMENT}, version, root=_echo_xop(version)),
-                               build.swa({"a@test": ATTACHMENT}, version)):  # fmt: skip
+                               build.swa({"a@test": ATTACHMENT}, version, root=echo("cid:a@test", version))):  # fmt: skip
         gw.clear()
         r = _post(gw, "mtom", content_type, body)
         assert r.status_code == 200, r.text[:300]
         (got,) = gw.received()
         assert got["sha256"] == hashlib.sha256(body).hexdigest() and got["headers"]["content-type"] == content_type
-        assert r.content == body and r.headers["content-type"] == content_type  # the reply, through the gateway
+        # The backend's reply (its root an echoResponse, the attachment sent back), through the gateway untouched.
+        reply = mime.parse(r.headers["content-type"], r.content, LIMITS)
+        assert r.headers["content-type"] == content_type and b"echoResponse" in bytes(reply.root.body)
+        assert bytes(reply.attachments[0].body) == ATTACHMENT
+
+
+def test_a_soap12_mtom_request_reaches_the_route_its_action_names(gw: LiveGateway) -> None:
+    # Metro and CXF write the SOAP 1.2 action into start-info, itself a quoted string: action=\"...\"
+    content_type, body = build.mtom({"a@test": b"x"}, "1.2", root=_echo_xop("1.2"))
+    content_type = content_type.replace('start-info="application/soap+xml"',
+                                        'start-info="application/soap+xml; action=\\"urn:upload\\""')  # fmt: skip
+    r = _post(gw, "/action/demo", content_type, body)
+    assert r.status_code == 200 and gw.received()[-1]["path"] == "/action/demo", r.text[:300]
 
 
 def test_xop_is_inlined_for_a_backend_that_wants_plain_soap(gw: LiveGateway) -> None:
@@ -80,11 +97,40 @@ def test_mtom_on_an_rsa_route_verified_and_attachments_intact(gw: LiveGateway, v
     (got,) = gw.received()
     assert got["length"] < len(body)  # the Security header is gone from the root part
     assert got["headers"]["content-type"] == content_type and got["headers"]["x-wsgate-subject"]
-    limits = Attachments(**ACCEPT)
-    reply = mime.parse(r.headers["content-type"], r.content, limits)
+    reply = mime.parse(r.headers["content-type"], r.content, LIMITS)
     assert bytes(mime.find(reply, "cid:a@test").body) == ATTACHMENT  # type: ignore[union-attr]
     env = client.open(bytes(reply.root.body), pending)  # the reply's root, signed by the gateway
     assert env.body.find(f".//{{{build.XOP}}}Include") is not None
+
+
+def test_an_mtom_reply_inlined_for_the_client_is_signed_as_inlined(gw: LiveGateway) -> None:
+    client = gw.client("rsa-inline")
+    secured, pending = client.secure(_echo_xop("1.1"))
+    r = _post(gw, "rsa-inline", *build.mtom({"a@test": ATTACHMENT}, root=secured))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/xml"), r.text[:300]
+    env = client.open(r.content, pending)  # the signature covers the base64 the client got
+    assert base64.b64decode(env.body.findtext(f".//{{{DEMO}}}text") or "") == ATTACHMENT
+
+
+def test_wsgate_client_sends_mtom_and_swa_and_saves_the_replys_attachments(gw: LiveGateway, tmp_path: Path) -> None:
+    doc = tmp_path / "scan.pdf"
+    doc.write_bytes(ATTACHMENT)
+    for reference, expected in ((f'<xop:Include xmlns:xop="{build.XOP}" href="cid:scan.pdf"/>', "application/xop+xml"),
+                                ("cid:scan.pdf", "text/xml")):  # fmt: skip
+        request = tmp_path / "request.xml"
+        request.write_bytes(echo(reference))
+        out = tmp_path / f"out-{expected.split('/')[1]}"
+        out.mkdir()
+        gw.clear()
+        cmd = [sys.executable, "-m", "gateway.control.cli", "client", "--policies", str(gw.opts.policies),
+               "--policy", "rsa", "--url", gw.url("rsa"), "--certs", str(gw.pki), "--attach", f"{doc}:application/pdf",
+               "--attachments-out", str(out), str(request)]  # fmt: skip
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert "<d:echoResponse" in run.stdout and "# reply attachment <scan.pdf> application/pdf" in run.stderr
+        assert (out / "scan.pdf").read_bytes() == ATTACHMENT
+        (got,) = gw.received()
+        assert f'type="{expected}"' in got["headers"]["content-type"]
 
 
 def test_a_multipart_message_on_a_route_that_takes_none_is_refused(gw: LiveGateway) -> None:

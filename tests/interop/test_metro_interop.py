@@ -61,15 +61,6 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def metro(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Metro]:
-    log = (tmp_path_factory.mktemp("metro") / "metro.log").open("wb")
-    client = Metro(log)
-    yield client
-    client.close()
-    log.close()
-
-
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, pki: Path) -> Iterator[Any]:
     with running_gateway(tmp_path_factory.mktemp("metro-gw"), _routes(pki), pki) as g:

@@ -5,6 +5,7 @@ configuration (tests/interop/metro/src/main/java/wsgate/metro/ClientConfig.java)
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,3 +38,9 @@ class Metro(JsonLineProcess):
     def invoke(self, wsdl: str, service: str, port: str, payloads: list[str], **params: Any) -> list[str]:
         """Metro's replies to `payloads`, sent in turn on one Dispatch of `port` built from the WSDL at `wsdl`."""
         return self.call("call", wsdl=wsdl, service=service, port=port, payloads=payloads, **params)["replies"]
+
+    def mtom_echo(self, endpoint: str, data: bytes, soap12: bool = False, **params: Any) -> bytes:
+        """The demo echo of `data` as Metro sends it with MTOM (an XOP attachment) and reads its reply's;
+        `params`: tls_trust (PEM files) for HTTPS."""
+        reply = self.call("mtom", endpoint=endpoint, data=base64.b64encode(data).decode(), soap12=soap12, **params)
+        return base64.b64decode(reply["data"])

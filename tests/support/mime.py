@@ -49,11 +49,11 @@ def mtom(
     return content_type, package(parts, boundary)
 
 
-def swa(attachments: dict[str, bytes], version: str = "1.1") -> tuple[str, bytes]:
+def swa(attachments: dict[str, bytes], version: str = "1.1", root: bytes | None = None) -> tuple[str, bytes]:
     """(Content-Type, body) of a SOAP with Attachments request: the Body names each part by an href attribute."""
     soap = "application/soap+xml" if version == "1.2" else "text/xml"
     refs = "".join(f'<d:Doc href="cid:{c}"/>' for c in attachments)
-    root = envelope(f'<d:Upload xmlns:d="urn:docs">{refs}</d:Upload>', version)
+    root = root if root is not None else envelope(f'<d:Upload xmlns:d="urn:docs">{refs}</d:Upload>', version)
     parts = [part([("Content-Type", f"{soap}; charset=utf-8"), ("Content-ID", "<root@test>")], root)] + [
         part([("Content-Type", "image/png"), ("Content-ID", f"<{c}>")], data) for c, data in attachments.items()
     ]

@@ -5,13 +5,18 @@ for what passes)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from filters.engine import faults
-from filters.engine.engine import Exchange, RoutePipeline
+from filters.engine.engine import Exchange, RoutePipeline, build_pipeline
 from filters.engine.pipeline import Outcome
+from filters.stores.factory import RouteStores
 from gateway.policy import Route
+from gateway.tools.client import Client, ClientConfig
 from tests.support import mime as build
+from tests.support.wss_helpers import echo, route_doc
 
 XOP = build.XOP
 B = build.BOUNDARY
@@ -123,6 +128,39 @@ def test_a_cid_reference_to_a_missing_part_is_refused(href: str) -> None:
 def test_a_cid_reference_to_the_root_part_is_refused(href: str) -> None:
     doc = f'<d:Doc xmlns:d="urn:d" href="{href}"><xop:Include xmlns:xop="{XOP}" href="cid:a@test"/></d:Doc>'
     assert "reference to the root" in _refused(MTOM_TYPE, build.package([_xop_part(build.envelope(doc)), _att()]))
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        '<d:R xmlns:d="urn:d">ci<!-- split -->d:missing@test</d:R>',  # a reader joins the text nodes
+        '<d:R xmlns:d="urn:d"><![CDATA[cid:missing@test]]></d:R>',
+        '<d:R xmlns:d="urn:d" href="  cid:missing@test"/>',  # a reader trims the attribute
+        '<d:R xmlns:d="urn:d" href="CiD:missing@test"/>',
+    ],
+)
+def test_a_cid_reference_in_another_spelling_is_still_checked(named: str) -> None:
+    doc = f'<d:Doc xmlns:d="urn:d"><xop:Include xmlns:xop="{XOP}" href="cid:a@test"/></d:Doc>{named}'
+    assert "reference to no part" in _refused(MTOM_TYPE, build.package([_xop_part(build.envelope(doc)), _att()]))
+
+
+def test_a_part_named_by_content_location_is_refused() -> None:
+    assert "Content-Location" in _refused(*_mtom(_att(Content_Location="doc.pdf")))
+
+
+def test_a_cid_reference_hidden_in_encrypted_content_is_checked_once_decrypted(pki: Path) -> None:
+    doc = route_doc(pki, "rsa", attachments={"accept": True, "unreferenced": "forward"},
+                    encryption={"require_request": True})  # fmt: skip
+    route = Route.model_validate({**doc, "upstream": {"address": "127.0.0.1:1"}})
+    pipeline = build_pipeline(route, RouteStores())
+    client = Client(route, ClientConfig(certs=pki))
+    for href, reason in (("cid:root@test", "reference to the root"), ("cid:gone@test", "reference to no part")):
+        secured, _ = client.secure(echo(f"<d:R href='{href}'/>"))
+        assert href.encode() not in secured  # the Body travels encrypted
+        ct, body = build.swa({"a@test": OCTETS}, root=secured)
+        with pytest.raises(faults.Fault) as caught:
+            pipeline.request(body, {"content-type": ct}, Exchange(route))
+        assert reason in caught.value.reason
 
 
 def test_unreferenced_attachments_are_refused_stripped_or_forwarded_as_the_route_says() -> None:

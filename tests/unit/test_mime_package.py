@@ -1,9 +1,17 @@
-"""The MIME package parser and serializer (filters/engine/mime/package.py): what parses, byte-exact output."""
+"""The MIME package parser and serializer (filters/engine/mime/package.py): what parses, byte-exact output; XOP
+inlined as the route says (filters/engine/mime/related.py). The refusals: tests/threats/test_mime_threats.py."""
 
 from __future__ import annotations
 
+import base64
+
+import pytest
+from lxml import etree
+
+from filters.engine import faults
+from filters.engine.engine import Exchange, RoutePipeline
 from filters.engine.mime import package as mime
-from gateway.policy import Attachments
+from gateway.policy import Attachments, Route
 from tests.support import mime as build
 
 LIMITS = Attachments(accept=True)
@@ -35,3 +43,50 @@ def test_root_is_the_first_part_without_start() -> None:
     ct, body = build.swa({"img@test": b"PNG"})
     pkg = mime.parse(ct.replace('; start="<root@test>"', ""), body, LIMITS)
     assert pkg.start is None and pkg.root.content_id == "root@test"
+
+
+def _route(**attachments: object) -> Route:
+    return Route.model_validate({"name": "m", "match": {"path_prefix": "/m/"}, "upstream": {"address": "h:1"},
+                                 "profile": "xml", "attachments": {"accept": True, **attachments}})  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_xop_inlined_for_the_backend_and_for_the_client_as_the_route_says(version: str) -> None:
+    data = bytes(range(256)) * 10
+    ct, body = build.mtom({"a@test": data}, version)
+    route = _route(to_backend="inline", to_client="inline")
+    pipeline, ex = RoutePipeline(route), Exchange(route)
+    out = pipeline.request(body, {"content-type": ct}, ex)
+    assert out.body is not None and out.set_headers["content-type"] == faults.content_type(version)
+    doc = etree.fromstring(out.body)
+    assert base64.b64decode(doc.findtext(".//{urn:docs}Doc") or "") == data
+    assert doc.find(f".//{{{build.XOP}}}Include") is None
+    ex.response_type = ct  # the reply an MTOM package too: the client gets it inlined
+    back = pipeline.response(body, ex)
+    assert (
+        back.body is not None
+        and base64.b64decode(etree.fromstring(back.body).findtext(".//{urn:docs}Doc") or "") == data
+    )
+
+
+def test_a_base64_attachment_is_inlined_as_its_octets() -> None:
+    data = b"\x00\xff" * 100
+    encoded = base64.encodebytes(data).replace(b"\n", b"\r\n")  # MIME lines of 76
+    ct, body = build.mtom({"a@test": encoded})
+    body = body.replace(b"Content-Transfer-Encoding: binary\r\nContent-ID: <a@test>",
+                        b"Content-Transfer-Encoding: base64\r\nContent-ID: <a@test>")  # fmt: skip
+    route = _route(to_backend="inline")
+    out = RoutePipeline(route).request(body, {"content-type": ct}, Exchange(route))
+    assert (
+        out.body is not None and base64.b64decode(etree.fromstring(out.body).findtext(".//{urn:docs}Doc") or "") == data
+    )
+
+
+def test_a_package_whose_root_a_secured_profile_changes_keeps_its_attachments_as_they_came() -> None:
+    ct, body = build.swa({"img@test": b"\x89PNG..."})
+    pkg = mime.parse(ct, body, LIMITS)
+    new_root = mime.with_content(pkg.root, b"<changed/>")
+    out = mime.serialize(mime.Package(new_root, pkg.attachments, pkg.start, pkg.boundary, pkg.content_type))
+    assert out.endswith(
+        bytes(pkg.attachments[0].raw_headers or b"") + b"\r\n\x89PNG...\r\n--" + build.BOUNDARY.encode() + b"--\r\n"
+    )

@@ -235,6 +235,8 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
         content_id = m[1]
     if "content-type" not in found:
         raise refused("part without a Content-Type")
+    if "content-location" in found:  # a second way to name a part (RFC 2557), which no check here resolves
+        raise refused("part with a Content-Location")
     return Part(tuple(headers), content_id, found["content-type"], chunk[end + 2 :], chunk[:end])
 
 

@@ -26,6 +26,7 @@ class Message:
     xop: bool  # the root part is application/xop+xml (MTOM)
     includes: list[etree._Element] = field(default_factory=list)  # the root's xop:Include elements
     stripped: bool = False  # unreferenced attachments left out (policy `strip`)
+    inlined: set[str] = field(default_factory=set)  # the Content-IDs inlined as base64 (policy `inline`)
 
     @property
     def root_bytes(self) -> bytes:
@@ -51,16 +52,15 @@ def receive(content_type: str | None, body: bytes, policy: Attachments) -> Messa
 
 
 def check(msg: Message, env: Envelope, policy: Attachments) -> None:
-    """The root as parsed against its labels, and every `cid:` reference against the parts: what a backend would
-    resolve must be what the gateway checked."""
+    """The root as received against its labels, every `cid:` reference against the parts (`resolve`), and the
+    parts none names as the policy says."""
     label = msg.package.root.media.params.get("charset")
     if label is not None and label.lower() != env.encoding:
         raise mime.refused(f"root part labelled {label[:20]!r}, its bytes are {env.encoding}")
     declared = SOAP_TYPES.get(mime.media_type(msg.soap_type, "root").essence)
     if declared != env.version:
         raise mime.refused(f"root part declared SOAP {declared}, the envelope is SOAP {env.version}")
-    msg.includes = xop.check_includes(env.root, msg.package, msg.xop)
-    named = xop.references(env.root, msg.package)
+    named = resolve(msg, env)
     unnamed = [p for p in msg.package.attachments if p.content_id not in named]
     if unnamed and policy.unreferenced == "refuse":
         raise mime.refused(f"{len(unnamed)} attachments no cid: reference names")
@@ -69,21 +69,31 @@ def check(msg: Message, env: Envelope, policy: Attachments) -> None:
         msg.package, msg.stripped = replace(msg.package, attachments=kept), True
 
 
-def forward(env: Envelope, msg: Message, rule: str, reserialized: bool) -> tuple[bytes | None, str]:
+def resolve(msg: Message, env: Envelope) -> set[str]:
+    """The Content-IDs the root names now, every xop:Include and `cid:` URL checked: what a backend would resolve
+    must be what the gateway checked. Again after a secured profile has processed the root: decrypted content is
+    new XML."""
+    msg.includes = xop.check_includes(env.root, msg.package, msg.xop)
+    return xop.references(env.root, msg.package)
+
+
+def inline(msg: Message) -> None:
+    """The XOP content inlined as base64 (a route's `inline`): before a reply is signed, before a request goes."""
+    msg.inlined |= xop.inline(msg.includes, msg.package)
+    msg.includes = []
+
+
+def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | None, str]:
     """The body for the next hop (None: the message as it came) and its Content-Type. `reserialized`: the
-    pipeline changed the envelope (a secured profile); `rule` is the route's keep/inline for this direction."""
+    pipeline changed the envelope (a secured profile)."""
     package = msg.package
-    inlined: set[str] = set()
-    if rule == "inline" and msg.includes:
-        inlined = xop.inline(msg.includes, package)
-        reserialized = True
-    rest = tuple(p for p in package.attachments if p.content_id not in inlined)
-    if inlined and not rest:  # nothing left to package: one SOAP envelope
+    rest = tuple(p for p in package.attachments if p.content_id not in msg.inlined)
+    if msg.inlined and not rest:  # nothing left to package: one SOAP envelope
         return env.serialize(), charset.content_type(msg.soap_type, "utf-8", env.version)
-    if not reserialized and not msg.stripped:
+    if not (reserialized or msg.inlined or msg.stripped):
         return None, package.content_type
     root = package.root
-    if reserialized:
+    if reserialized or msg.inlined:
         content_type = charset.content_type(root.content_type, "utf-8", env.version)
         root = mime.with_content(root, env.serialize(), {"Content-Type": content_type})
     return mime.serialize(replace(package, root=root, attachments=rest)), package.content_type

@@ -14,9 +14,11 @@ from filters.engine.mime import package as mime
 
 XOP = "http://www.w3.org/2004/08/xop/include"
 INCLUDE = f"{{{XOP}}}Include"
+# Attribute values, and the text of elements without element children (its text nodes joined: a comment or a
+# CDATA section cannot split a URL out of sight), as a reader that trims them sees them.
 _CID_URLS = etree.XPath(
-    "//@*[starts-with(translate(., 'CID', 'cid'), 'cid:')]"
-    " | //text()[starts-with(translate(normalize-space(.), 'CID', 'cid'), 'cid:')]"
+    "//@*[starts-with(translate(normalize-space(.), 'CID', 'cid'), 'cid:')]"
+    " | //*[not(*)][starts-with(translate(normalize-space(.), 'CID', 'cid'), 'cid:')]"
 )
 _INCLUDES = etree.XPath("//xop:Include", namespaces={"xop": XOP})
 
@@ -29,8 +31,8 @@ def references(root: etree._Element, package: mime.Package) -> set[str]:
     """The Content-IDs of the attachments the root part names. A `cid:` URL that names no attachment, or the root
     part itself, is refused: a reader could resolve it to something the gateway never checked."""
     named: set[str] = set()
-    for value in _CID_URLS(root):
-        url = str(value).strip()
+    for found in _CID_URLS(root):
+        url = (found if isinstance(found, str) else "".join(found.itertext())).strip()
         if mime.names_root(package, url):
             raise mime.refused("cid: reference to the root part")
         part = mime.find(package, url)

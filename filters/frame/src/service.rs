@@ -191,7 +191,7 @@ impl Stream {
         if let Err(detail) = self.ticket.take(body.len() as u64) {
             return self.refuse(Refusal::Busy, phase, metric_phase, detail);
         }
-        let called = Python::attach(|py| self.call_engine(py, metric_phase, &body));
+        let called = Python::attach(|py| self.call_engine(py, metric_phase, body));
         let (reply, replay) = match called {
             Ok(answer) => answer,
             Err(()) => {
@@ -246,7 +246,7 @@ impl Stream {
         &mut self,
         py: Python<'_>,
         phase: &str,
-        body: &[u8],
+        body: Vec<u8>,
     ) -> Result<(Reply, Option<Py<ReplayCheck>>), ()> {
         let result = (|| -> PyResult<_> {
             let headers = PyDict::new(py);
@@ -254,7 +254,9 @@ impl Stream {
                 headers.set_item(k, v)?;
             }
             let in_flight = self.in_flight.take();
-            let args = (self.route_name.as_str(), phase, PyBytes::new(py, body), headers, in_flight);
+            let bytes = PyBytes::new(py, &body);
+            drop(body); // the engine's copy is the one body held from here (a 50 MB attachment: not twice)
+            let args = (self.route_name.as_str(), phase, bytes, headers, in_flight);
             let answer = self.shared.handle.bind(py).call1(args)?;
             let (reply, in_flight, replay) = answer.cast::<Answer>()?.get().read(py);
             self.in_flight = Some(in_flight);

@@ -42,7 +42,7 @@ final class Call {
 
     JsonObject run() throws Exception {
         if (req.has("tls_trust")) { // the WSDL, its imports and the calls: all over HTTPS to the demo CA's gateway
-            HttpsURLConnection.setDefaultSSLSocketFactory(sslContext().getSocketFactory());
+            HttpsURLConnection.setDefaultSSLSocketFactory(sslContext(req).getSocketFactory());
         }
         Path dir = Files.createTempDirectory("metro-client");
         ClientConfig.write(dir, req);
@@ -84,7 +84,8 @@ final class Call {
         return QName.valueOf(req.get(field).getAsString());
     }
 
-    private SSLContext sslContext() throws Exception {
+    /** TLS that trusts the PEM certificates in "tls_trust" only. */
+    static SSLContext sslContext(JsonObject req) throws Exception {
         TrustManagerFactory tmf = TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
         List<String> anchors = new ArrayList<>();
         req.getAsJsonArray("tls_trust").forEach(a -> anchors.add(a.getAsString()));

@@ -11,8 +11,9 @@ import java.nio.charset.StandardCharsets;
 
 /**
  * Eclipse Metro 4.0.4 as a client of the gateway, behind JSON lines: one request object per line on stdin, one
- * answer per line on stdout. {"op": "ping" | "call", ...} -> {"ok": true, ...} or {"ok": false, "error": "..."}
- * (Metro's own error text and its causes). One process serves a whole pytest session; see Call for "call".
+ * answer per line on stdout. {"op": "ping" | "call" | "mtom", ...} -> {"ok": true, ...} or
+ * {"ok": false, "error": "..."} (Metro's own error text and its causes). One process serves a whole pytest
+ * session; see Call and Mtom.
  */
 public final class Client {
     private static final Gson GSON = new Gson();
@@ -36,6 +37,7 @@ public final class Client {
                 answer = switch (op) {
                     case "ping" -> new JsonObject();
                     case "call" -> new Call(req).run();
+                    case "mtom" -> new Mtom(req).run();
                     default -> throw new IllegalArgumentException("unknown op " + op);
                 };
                 answer.addProperty("ok", true);
