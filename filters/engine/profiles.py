@@ -71,13 +71,15 @@ def with_parts(env: Envelope, msg: related.Message | None, work: Callable[[attac
     content is still there (what was decrypted or encrypted away leaves the package)."""
     if msg is None:
         return work(None)
-    expanded = attachments.expand_xop(msg.includes, msg.package)
-    parts = attachments.from_package(msg.package)
+    expanded = attachments.expand_xop(msg.includes, msg.package.attachments)
+    parts = attachments.from_parts(msg.package.attachments)
     result = work(parts)
     if any(p.changed for p in parts):
         msg.package = attachments.to_package(msg.package, parts)
     if expanded:
-        msg.includes, msg.package = attachments.restore_xop(expanded, env.root, msg.package)
+        msg.includes, gone = attachments.restore_xop(expanded, env.root)
+        kept = tuple(p for p in msg.package.attachments if p.content_id not in gone)
+        msg.package = replace(msg.package, attachments=kept)
     return result
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,9 +22,10 @@ from filters.engine import faults, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.faults import content_type
 from filters.engine.mime import package as mime
+from filters.engine.mime import xop
 from filters.engine.mime.xop import XOP as XOP_NS
 from filters.engine.profiles import context_security
-from filters.engine.wss import encryption, keys, signature, wssecurity
+from filters.engine.wss import attachments, encryption, keys, signature, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.xml.soap import Envelope
@@ -194,15 +195,22 @@ class Client:
                 return algorithm
         raise ClientError(f"route {self.route.name}: no data algorithm for a {len(secret)}-byte key")
 
-    def secure(self, plain: bytes) -> tuple[bytes, Pending]:
-        """The request, secured; and what is needed to open its reply."""
+    def secure(self, plain: bytes, parts: Sequence[mime.Part] = ()) -> tuple[bytes, Pending]:
+        """The request, secured; and what is needed to open its reply. `parts`: the attachments it will travel
+        with; an MTOM request is signed over its infoset (xop:Include expanded), as the gateway verifies it."""
         env = parse_envelope(plain, self.route.limits)
         now = datetime.now(UTC)
+        expanded = attachments.expand_xop(xop.includes(env.root), parts) if parts else []
         if self.route.profile == "secureconversation":
             if self.context is None:
                 raise ClientError("no security context: establish one first")
-            return self._secure_in_context(env, now), Pending(soap_version=env.version)
-        return self._secure(env, now)
+            secured, pending = self._secure_in_context(env, now), Pending(soap_version=env.version)
+        else:
+            secured, pending = self._secure(env, now)
+        if expanded:
+            attachments.restore_xop(expanded, env.root)
+            secured = env.serialize()
+        return secured, pending
 
     def _secure(self, env: Envelope, now: datetime) -> tuple[bytes, Pending]:
         route, cfg = self.route, self.cfg
@@ -310,8 +318,9 @@ class Client:
             )
         return self.gateway_cert
 
-    def open(self, body: bytes, pending: Pending) -> Envelope:
-        """Verify and decrypt a reply; a SOAP fault (secured or not) raises ClientError with its text."""
+    def open(self, body: bytes, pending: Pending, parts: Sequence[mime.Part] = ()) -> Envelope:
+        """Verify and decrypt a reply; a SOAP fault (secured or not) raises ClientError with its text. `parts`: the
+        reply's attachments (its signature may cover them; MTOM content is read expanded, as it was signed)."""
         try:
             env = parse_envelope(body, self.route.response_limits)
         except faults.Fault as f:
@@ -332,7 +341,8 @@ class Client:
             requirements = self.in_context
             creds.contexts = self._context_resolver
         try:
-            wssecurity.process(env, requirements, creds, datetime.now(UTC))
+            attachments.expand_xop(xop.includes(env.root), parts)
+            wssecurity.process(env, requirements, creds, datetime.now(UTC), attachments.from_parts(parts))
         except faults.Fault as f:
             raise ClientError(f"reply refused ({f.code or 'Client'}): {f.reason}") from None
         if env.is_fault():

@@ -110,12 +110,12 @@ class Attachments:
         return found
 
 
-def from_package(package: mime.Package) -> Attachments:
+def from_parts(parts: Sequence[mime.Part]) -> Attachments:
     """A multipart message's attachments as the Security header processing sees them: their octets, the
     transfer encoding undone (what the profile signs and encrypts); a binary part's bytes are not copied."""
     return Attachments(
         Attachment(p.content_id or "", list(p.headers), p.body if p.transfer_encoding != "base64" else xop.octets(p))
-        for p in package.attachments
+        for p in parts
     )
 
 
@@ -149,16 +149,18 @@ class Expanded:
     text: str
 
 
-def expand_xop(includes: Sequence[etree._Element], package: mime.Package) -> list[Expanded]:
+def expand_xop(includes: Sequence[etree._Element], parts: Sequence[mime.Part]) -> list[Expanded]:
     """Each xop:Include replaced by the base64 text of the part it names: the infoset an MTOM sender signed and
     encrypted (XOP 1.0; WSS4J's expandXopInclude), so signatures are verified and made over it, and a CipherValue
     WSS4J stored in an attachment (storeBytesInAttachment) is read like any other. `restore_xop` undoes it."""
+    by_id = {p.content_id: p for p in parts}
     out = []
     for inc in includes:  # xop.check_includes: each the only, empty child of its parent, naming an attachment
         href = inc.get("href", "")
-        part = mime.find(package, href)
+        part = by_id.get(mime.cid(href))
         parent = inc.getparent()
-        assert part is not None and part.content_id is not None and parent is not None
+        if part is None or part.content_id is None or parent is None or len(parent) != 1:
+            raise mime.refused("xop:Include naming no attachment, or not alone in its element")
         text = base64.b64encode(xop.octets(part)).decode("ascii")
         parent.remove(inc)
         parent.text = text
@@ -166,12 +168,10 @@ def expand_xop(includes: Sequence[etree._Element], package: mime.Package) -> lis
     return out
 
 
-def restore_xop(
-    expanded: Sequence[Expanded], root: etree._Element, package: mime.Package
-) -> tuple[list[etree._Element], mime.Package]:
+def restore_xop(expanded: Sequence[Expanded], root: etree._Element) -> tuple[list[etree._Element], set[str]]:
     """The xop:Include elements put back where the expanded text is still in the envelope, unchanged (the message
-    keeps MTOM as it came); the parts whose text is gone (a CipherValue decrypted, content encrypted into a
-    reply's Body) leave the package. The new Include elements and package."""
+    keeps MTOM as it came); the new Include elements, and the Content-IDs of the parts whose text is gone (a
+    CipherValue decrypted, content encrypted into a reply's Body): those leave the package."""
     includes: list[etree._Element] = []
     kept: set[str] = set()
     for e in expanded:
@@ -184,9 +184,7 @@ def restore_xop(
         inc.set("href", e.href)
         includes.append(inc)
         kept.add(e.content_id)
-    gone = {e.content_id for e in expanded} - kept
-    rest = tuple(p for p in package.attachments if p.content_id not in gone)
-    return includes, dataclasses.replace(package, attachments=rest)
+    return includes, {e.content_id for e in expanded} - kept
 
 
 def bare_id(header_value: str) -> str:
