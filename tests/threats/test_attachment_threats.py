@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lxml import etree
 
-from filters.engine import faults
+from filters.engine import faults, ns
 from filters.engine.mime import package as mime
 from filters.engine.profiles import SecuredPipeline
 from filters.engine.wss import attachments, wssecurity
@@ -242,6 +243,16 @@ def test_encrypted_unsigned_attachment_refused(wss4j: Wss4j, pki: Path) -> None:
     nothing vouches for it."""
     xml, out = _secure(wss4j, pki, [_att("doc@test", "application/pdf", PDF)], sign=None, encrypt="Content")
     _refused(_pipeline(pki), xml, out, "InvalidSecurity", "decrypted attachment 'doc@test' not signed")
+
+
+def test_attachment_encrypted_data_moved_into_the_body_refused(wss4j: Wss4j, pki: Path) -> None:
+    """An attachment's EncryptedData belongs in the Security header: one in the Body would reach the backend."""
+    xml, out = _secure(wss4j, pki, [_att("doc@test", "application/pdf", PDF)], encrypt="Element")
+    root = etree.fromstring(xml)
+    ed = next(e for e in root.iter(f"{{{ns.XENC}}}EncryptedData") if e.get("Type") == attachments.COMPLETE)
+    root.find(f"{{{ns.SOAP11}}}Body").append(ed)
+    moved = etree.tostring(root)
+    _refused(_pipeline(pki, **ALL), moved, out, "InvalidSecurity", "outside the Security header")
 
 
 def test_signature_reference_to_attachment_on_plain_message_refused(wss4j: Wss4j, pki: Path) -> None:

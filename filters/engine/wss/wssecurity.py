@@ -432,6 +432,8 @@ def _decrypt_attachment(st: _State, ed: etree._Element, secret: bytes | None) ->
     the same rules as an element (_check_cbc), a signature before decryption covering the part's ciphertext."""
     if st.parts is None:
         raise faults.security("InvalidSecurity", "attachment EncryptedData in a message without attachments")
+    if ed.getparent() is not st.security:  # where WSS4J puts it; in the Body it would reach the backend
+        raise faults.security("InvalidSecurity", "attachment EncryptedData outside the Security header")
     if any(p.encrypted_data is ed for p in st.parts):
         return  # named by a ReferenceList and met again in the header walk
     if secret is None:
