@@ -88,6 +88,8 @@ class RoutePipeline:
              **headers: str) -> Outcome:  # fmt: skip
         """Pass the message on (`forward`), a multipart one with its attachments as the route says."""
         msg = ex.request_mime if request else ex.response_mime
+        # The exchange keeps no body past its phase: the frame's budget counts one body at a time.
+        ex.request_mime = ex.response_mime = None
         if msg is None:
             return forward(env, received_type, env.serialize() if reserialized else None, **headers)
         if request and reserialized:
