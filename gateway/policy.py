@@ -179,6 +179,35 @@ class EncryptionPolicy(Strict):
         return self
 
 
+class AttachmentSecurity(Strict):
+    """WS-Security over SOAP attachments (the SwA profile 1.1; docs/attachments.md). `must_sign`: the Content-Types
+    of the attachments a request must have signed ("*/*" all of them, "image/*" a family, "application/pdf" one);
+    `headers_signed`: signed with their MIME headers (Attachment-Complete-Signature-Transform), so a part cannot be
+    re-labelled; `encrypted`: those attachments must also have arrived encrypted. Replies: `sign_response` signs
+    every attachment of a signed reply (with its headers), `encrypt_response` encrypts them (Attachment-Complete)
+    where the reply is encrypted (encryption.encrypt_response)."""
+
+    must_sign: list[str] = Field(default=[], max_length=50)
+    headers_signed: bool = True
+    encrypted: bool = False
+    sign_response: bool = False
+    encrypt_response: bool = False
+
+    @field_validator("must_sign")
+    @classmethod
+    def _media_ranges(cls, ranges: list[str]) -> list[str]:
+        for r in ranges:
+            if not re.fullmatch(r"(\*/\*|[\w.+\-]+/(\*|[\w.+\-]+))", r):
+                raise ValueError(f"{r!r} is not a media type or range (type/subtype, type/* or */*)")
+        return [r.lower() for r in ranges]
+
+    def must_sign_type(self, content_type: str) -> bool:
+        """Whether an attachment of this Content-Type (parameters ignored) must be signed."""
+        mime = content_type.split(";", 1)[0].strip().lower()
+        family = mime.split("/", 1)[0] + "/*"
+        return any(r in ("*/*", mime, family) for r in self.must_sign)
+
+
 class RevocationPolicy(Strict):
     """Whether the signer's certificate and its intermediates are still in good standing (filters/stores/revocation.py).
 
@@ -596,6 +625,7 @@ class Route(Strict):
     username_token: UsernameTokenPolicy = UsernameTokenPolicy()
     signature: SignaturePolicy = SignaturePolicy()
     encryption: EncryptionPolicy = EncryptionPolicy()
+    attachment_security: AttachmentSecurity = AttachmentSecurity()
     rsa: RsaOptions = RsaOptions()
     hmac: HmacOptions = HmacOptions()
     secureconversation: SecureConversationOptions = SecureConversationOptions()

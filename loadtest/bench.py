@@ -18,7 +18,7 @@ per profile, replay detection on every secured route), then for each profile and
 
 Prints the results normalized to `none` (Sosnoski's Figure 1: time and gateway CPU per request), the stage
 breakdown, the targets, and the engine's CPU per exchange in process beside Apache WSS4J's (loadtest/engine_cpu.py,
-the gateway down by then); writes loadtest/out/bench.csv and loadtest/out/bench.png. `run_bench()` is the same
+the gateway down by then), and the SwA attachment rows beside OpenSSL's floor (loadtest/attachment_cpu.py); writes loadtest/out/bench.csv and loadtest/out/bench.png. `run_bench()` is the same
 machinery with every knob, for tests (a one-second smoke run) and for people.
 
     .venv/bin/python -m loadtest.bench [--profiles xml,hmac] [--sizes small] [--duration 10] ..."""
@@ -50,7 +50,7 @@ from certs import hsm, pki
 from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway, Options, default_workers, free_ports
 from gateway.policy import PolicySet, load_dir
-from loadtest import engine_cpu, outbound, targets, variants
+from loadtest import attachment_cpu, engine_cpu, outbound, targets, variants
 from loadtest.archive import with_archive
 from loadtest.messages import (
     ENCRYPTED_KEY,
@@ -909,7 +909,7 @@ def run_bench(
 ) -> list[Point]:
     """Measure every (profile, size) on a gateway of its own; print the report, write bench.csv (and bench.png).
     Then, the gateway down, the engine's CPU per exchange in process beside WSS4J's (loadtest/engine_cpu.py;
-    `engine_scale` multiplies its exchange counts, 0 skips it)."""
+    `engine_scale` multiplies its exchange counts, 0 skips it), and the attachment rows (loadtest/attachment_cpu.py)."""
     profiles, sizes = list(profiles), list(sizes)
     for p in profiles:
         if p not in BENCH_PROFILES:
@@ -970,6 +970,7 @@ def run_bench(
         with _env(WSGATE_BENCH_CERTS=str(certs)):
             policy_set = load_dir(policies)
         engine_cpu.report(engine_cpu.run(inbound, sizes, policy_set, certs, engine_scale), log)
+        attachment_cpu.report(attachment_cpu.run(policy_set, certs, engine_scale), log, engine_scale)
     write_csv(points, out / "bench.csv")
     written = [out / "bench.csv"]
     if chart:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -19,8 +19,9 @@ from lxml import etree
 from filters.engine import faults, metrics, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, PartnerContexts, store_resolver
+from filters.engine.mime import related
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
-from filters.engine.wss import encryption, keys, saml, saml_issuer, signature, token, wssecurity
+from filters.engine.wss import attachments, encryption, keys, saml, saml_issuer, signature, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.keys import RevocationCheck
@@ -70,6 +71,28 @@ Post = Callable[[bytes, str], bytes]  # (body, content type) -> reply body
 ResponseSecurity = tuple[sending.SignWith | None, sending.EncryptFor | None, tuple[etree._Element, ...]]
 
 
+T = TypeVar("T")
+
+
+def with_parts(env: Envelope, msg: related.Message | None, work: Callable[[attachments.Attachments | None], T]) -> T:
+    """`work` (the Security header's processing or making) over a multipart message's attachments (the SwA profile:
+    filters/engine/wss/attachments.py), its XOP content expanded: signatures are over the infoset, as an MTOM sender
+    makes them. Then the parts it decrypted or encrypted replace theirs, and the XOP form is restored where its
+    content is still there (what was decrypted or encrypted away leaves the package)."""
+    if msg is None:
+        return work(None)
+    expanded = attachments.expand_xop(msg.includes, msg.package.attachments)
+    parts = attachments.from_parts(msg.package.attachments)
+    result = work(parts)
+    if any(p.changed for p in parts):
+        msg.package = attachments.to_package(msg.package, parts)
+    if expanded:
+        msg.includes, gone = attachments.restore_xop(expanded, env.root)
+        kept = tuple(p for p in msg.package.attachments if p.content_id not in gone)
+        msg.package = replace(msg.package, attachments=kept)
+    return result
+
+
 class SecuredPipeline(RoutePipeline):
     """Inbound: threat protection, then the Security header in the sender's order, then plain SOAP out.
     Outbound: the mirror image, the response signed (and encrypted) for the requester."""
@@ -85,6 +108,7 @@ class SecuredPipeline(RoutePipeline):
             body_encrypted=route.encryption.require_request,
             limits=route.limits,
             anonymous=route.profile != "hmac" or route.hmac.allow_anonymous,
+            attachments=route.attachment_security,
         )
         self.optimizations = Optimizations.for_route(route)
         self.credentials = wssecurity.Credentials(
@@ -114,10 +138,16 @@ class SecuredPipeline(RoutePipeline):
         route = self.route
         env = self.parse_request(body, headers, ex)
         with metrics.stage(route, "security_header"):
-            verified = wssecurity.process(env, self.requirements, self.credentials, datetime.now(UTC))
+            verified = self.process(env, ex, self.requirements, self.credentials, datetime.now(UTC))
         # Decrypted content is new XML: the envelope must still be one Envelope with one Body.
         check_structure(env.root)
         return self.deliver(env, verified, verified.subject, headers, ex)
+
+    def process(
+        self, env: Envelope, ex: Exchange, req: wssecurity.Requirements, creds: wssecurity.Credentials, now: datetime
+    ) -> wssecurity.Verified:
+        """The Security header, with a multipart request's attachments (see `with_parts`)."""
+        return with_parts(env, ex.request_mime, lambda parts: wssecurity.process(env, req, creds, now, parts))
 
     def deliver(
         self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
@@ -154,7 +184,8 @@ class SecuredPipeline(RoutePipeline):
         assert isinstance(ex.security, wssecurity.Verified)
         sign, encrypt, tokens = self.response_security(ex.security)
         with metrics.stage(route, "secure"):
-            self.secure(env, datetime.now(UTC), sign, encrypt, tokens)
+            now = datetime.now(UTC)
+            with_parts(env, ex.response_mime, lambda parts: self.secure(env, now, sign, encrypt, tokens, parts))
         with metrics.stage(route, "serialize"):
             return self.send(env, ex, None, request=False, reserialized=True)
 
@@ -165,17 +196,21 @@ class SecuredPipeline(RoutePipeline):
         sign: sending.SignWith | None,
         encrypt: sending.EncryptFor | None,
         tokens: tuple[etree._Element, ...],
+        parts: attachments.Attachments | None = None,
     ) -> None:
-        """Secure a reply; its Signature encrypted with its Body where the policy says (encrypt_signature)."""
+        """Secure a reply; its Signature encrypted with its Body where the policy says (encrypt_signature); its
+        attachments (`parts`) signed and encrypted where attachment_security says."""
         encrypt_signature = self.route.encryption.encrypt_signature and sign is not None and encrypt is not None
         # The reply's WS-Addressing headers signed where the published policy's SignedParts name them (the route
         # signs addressing; a SecureConversation bootstrap always does): Metro refuses a reply without them.
         route = self.route
-        parts = ("body", "timestamp")
+        signed_parts = ("body", "timestamp")
         if "addressing" in route.signature.parts or route.profile == "secureconversation":
-            parts += ("addressing",)
-        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, sign_parts=parts,
-                       encrypt=encrypt, tokens=tokens, encrypt_signature=encrypt_signature)  # fmt: skip
+            signed_parts += ("addressing",)
+        swa = route.attachment_security
+        sending.secure(env, now, timestamp_ttl_s=RESPONSE_TIMESTAMP_TTL_S, sign=sign, sign_parts=signed_parts,
+                       encrypt=encrypt, tokens=tokens, encrypt_signature=encrypt_signature, parts=parts,
+                       sign_parts_attached=swa.sign_response, encrypt_parts=swa.encrypt_response)  # fmt: skip
 
     def response_security(self, verified: wssecurity.Verified) -> ResponseSecurity:
         """How to secure the response to a request that established `verified`."""
@@ -239,9 +274,9 @@ class SecureConversationPipeline(SecuredPipeline):
         now = datetime.now(UTC)
         with metrics.stage(route, "security_header"):
             if in_context:
-                verified = wssecurity.process(env, self.in_context, self.context_credentials, now)
+                verified = self.process(env, ex, self.in_context, self.context_credentials, now)
             else:
-                verified = wssecurity.process(env, self.requirements, self.credentials, now)
+                verified = self.process(env, ex, self.requirements, self.credentials, now)
         check_structure(env.root)
         rst = ws_trust.find_rst(env)
         if rst is not None:

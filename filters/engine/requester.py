@@ -8,7 +8,7 @@ outbound routes (filters/engine/outbound.py, keys from the route's policy)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,8 +20,10 @@ from lxml import etree
 from filters.engine import faults, ns
 from filters.engine.conversation import ws_trust
 from filters.engine.faults import content_type
+from filters.engine.mime import package as mime
+from filters.engine.mime import xop
 from filters.engine.profiles import Post, context_security
-from filters.engine.wss import encryption, keys, saml, signature, wssecurity
+from filters.engine.wss import attachments, encryption, keys, saml, signature, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.replay import DeferredReplay, ReplayCache
@@ -143,9 +145,16 @@ class Requester:
                 return algorithm
         raise RequesterError(f"route {self.route.name}: no data algorithm for a {len(secret)}-byte key")
 
-    def secure(self, plain: bytes) -> tuple[bytes, Pending]:
-        """The request, secured; and what is needed to open its reply."""
-        return self.secure_envelope(parse_envelope(plain, self.route.limits))
+    def secure(self, plain: bytes, parts: Sequence[mime.Part] = ()) -> tuple[bytes, Pending]:
+        """The request, secured; and what is needed to open its reply. `parts`: the attachments it will travel
+        with; an MTOM request is signed over its infoset (xop:Include expanded), as the gateway verifies it."""
+        env = parse_envelope(plain, self.route.limits)
+        expanded = attachments.expand_xop(xop.includes(env.root), parts) if parts else []
+        secured, pending = self.secure_envelope(env)
+        if expanded:
+            attachments.restore_xop(expanded, env.root)
+            secured = env.serialize()
+        return secured, pending
 
     def secure_envelope(self, env: Envelope) -> tuple[bytes, Pending]:
         now = datetime.now(UTC)
@@ -289,7 +298,9 @@ class Requester:
             raise RequesterError(f"route {self.route.name}: no recipient certificate to encrypt to")
         return self.gateway_cert
 
-    def verify(self, body: bytes, pending: Pending) -> tuple[Envelope, wssecurity.Verified]:
+    def verify(
+        self, body: bytes, pending: Pending, parts: Sequence[mime.Part] = ()
+    ) -> tuple[Envelope, wssecurity.Verified]:
         """Verify and decrypt a reply: what it established, its Security header gone. A reply that does not verify
         (an unsecured SOAP fault included) raises RequesterError with the precise reason; a verified fault is
         returned as any verified reply."""
@@ -315,16 +326,18 @@ class Requester:
             requirements = self.in_context
             creds.contexts = self._context_resolver
         try:
-            verified = wssecurity.process(env, requirements, creds, datetime.now(UTC))
+            # The reply's attachments (its signature may cover them; MTOM content is read expanded, as signed).
+            attachments.expand_xop(xop.includes(env.root), parts)
+            verified = wssecurity.process(env, requirements, creds, datetime.now(UTC), attachments.from_parts(parts))
             if isinstance(self.replay, DeferredReplay):  # replies are rare enough to settle here, synchronously
                 self.replay.settle(verified.replay_keys, verified.replay_since_ms)
         except faults.Fault as f:
             raise RequesterError(f"reply refused ({f.code or 'Client'}): {f.reason}") from None
         return env, verified
 
-    def open(self, body: bytes, pending: Pending) -> Envelope:
+    def open(self, body: bytes, pending: Pending, parts: Sequence[mime.Part] = ()) -> Envelope:
         """Verify and decrypt a reply (see `verify`); a verified SOAP fault raises RequesterError too."""
-        env = self.verify(body, pending)[0]
+        env = self.verify(body, pending, parts)[0]
         if env.is_fault():
             raise RequesterError(f"SOAP fault: {fault_text(env)}")
         return env

@@ -265,14 +265,14 @@ def cmd_client(args: argparse.Namespace) -> int:
             ctx = client.establish(post)
             print(f"# context established: {ctx.identifier[:48]}... ({ctx.version.name})", file=sys.stderr)
         for _ in range(args.repeat):
-            secured, pending = client.secure(plain)
+            secured, pending = client.secure(plain, attachments)
             if args.show_secured:
                 print(secured.decode(), file=sys.stderr)
             ctype = pending.content_type
             if attachments:
                 ctype, secured = package(secured, pending.soap_version, attachments)
             root, parts = unpack(*exchange(secured, ctype), route)
-            reply = client.open(root, pending)
+            reply = client.open(root, pending, parts)
             sys.stdout.write(reply.serialize().decode() + "\n")
             for part in parts:
                 print(f"# reply attachment <{part.content_id}> {part.content_type}, {len(part.body)} bytes",

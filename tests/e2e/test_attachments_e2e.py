@@ -48,6 +48,11 @@ def _post(gw: LiveGateway, route: str, content_type: str, body: bytes) -> reques
     return gw.post(route, body, headers={"content-type": content_type}, timeout=60)
 
 
+def _parts(version: str) -> tuple[mime.Part, ...]:
+    """The attachments an MTOM request of `version` travels with (what the client signs the infoset of)."""
+    return mime.parse(*build.mtom({"a@test": ATTACHMENT}, version, root=_echo_xop(version)), LIMITS).attachments
+
+
 def _echo_xop(version: str, cid: str = "a@test") -> bytes:
     return echo(f'<xop:Include xmlns:xop="{build.XOP}" href="cid:{cid}"/>', version)
 
@@ -89,7 +94,7 @@ def test_xop_is_inlined_for_a_backend_that_wants_plain_soap(gw: LiveGateway) -> 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 def test_mtom_on_an_rsa_route_verified_and_attachments_intact(gw: LiveGateway, version: str) -> None:
     client = gw.client("rsa")
-    secured, pending = client.secure(_echo_xop(version))
+    secured, pending = client.secure(_echo_xop(version), _parts(version))  # signed over the XOP infoset
     content_type, body = build.mtom({"a@test": ATTACHMENT}, version, root=secured)
     gw.clear()
     r = _post(gw, "rsa", content_type, body)
@@ -99,13 +104,14 @@ def test_mtom_on_an_rsa_route_verified_and_attachments_intact(gw: LiveGateway, v
     assert got["headers"]["content-type"] == content_type and got["headers"]["x-wsgate-subject"]
     reply = mime.parse(r.headers["content-type"], r.content, LIMITS)
     assert bytes(mime.find(reply, "cid:a@test").body) == ATTACHMENT  # type: ignore[union-attr]
-    env = client.open(bytes(reply.root.body), pending)  # the reply's root, signed by the gateway
-    assert env.body.find(f".//{{{build.XOP}}}Include") is not None
+    assert build.XOP.encode() in bytes(reply.root.body)  # MTOM kept
+    env = client.open(bytes(reply.root.body), pending, reply.attachments)  # signed by the gateway over the infoset
+    assert base64.b64decode(env.body.findtext(f".//{{{DEMO}}}text") or "") == ATTACHMENT
 
 
 def test_an_mtom_reply_inlined_for_the_client_is_signed_as_inlined(gw: LiveGateway) -> None:
     client = gw.client("rsa-inline")
-    secured, pending = client.secure(_echo_xop("1.1"))
+    secured, pending = client.secure(_echo_xop("1.1"), _parts("1.1"))
     r = _post(gw, "rsa-inline", *build.mtom({"a@test": ATTACHMENT}, root=secured))
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/xml"), r.text[:300]
     env = client.open(r.content, pending)  # the signature covers the base64 the client got

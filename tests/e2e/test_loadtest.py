@@ -66,6 +66,9 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     # The gateway CPU per request relative to none is printed (here without none: "-"); then the engine in process.
     assert "Gateway CPU per request at saturation, us: Envoy + filter workers = total (relative to none)" in text
     assert re.search(r"\nhmac\s+[\d,]+ vs [\d,]+ \([\d.]+x\)", text.split("The engine's CPU per exchange")[1]), text
+    # The SwA rows (loadtest/attachment_cpu.py): each kind and attachment size, beside OpenSSL's floor.
+    swa = text.split("Attachments (SwA profile)")[1]
+    assert len(re.findall(r"\n(signed|signed\+encrypted) +(100 KB|10 MB) +[\d.]+ ms +[\d.]+ MB/s", swa)) == 4, swa
     rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
     assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
     assert float(rows[0]["rps"]) > 0 and float(rows[0]["gateway_cpu_us"]) > 0

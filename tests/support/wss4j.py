@@ -36,8 +36,12 @@ class Wss4j(JsonLineProcess):
         """WSS4J's refusal, with WSS4J's message."""
         return Wss4jError(error + ("\n" + trace if trace else ""))
 
-    def secure(self, xml: bytes, steps: list[dict[str, Any]], layout: str = "prepend") -> dict[str, Any]:
-        return self.call("secure", xml=xml.decode(), steps=steps, layout=layout)
+    def secure(
+        self, xml: bytes, steps: list[dict[str, Any]], layout: str = "prepend", attachments: list[Any] | None = None
+    ) -> dict[str, Any]:
+        """`attachments`: [{"id", "headers", "body" (base64)}] for WSS4J's AttachmentCallbackHandler (a step's
+        "attachments": "Element" or "Content" signs or encrypts them all); the answer has them as WSS4J left them."""
+        return self.call("secure", xml=xml.decode(), steps=steps, layout=layout, attachments=attachments or [])
 
     def verify(self, xml: bytes, **params: Any) -> dict[str, Any]:
         return self.call("verify", xml=xml.decode(), **params)

@@ -56,14 +56,14 @@ class _DataAlgorithm:
 
 
 # Policy names (gateway.policy.DataAlgorithm / KeyTransport) -> what they stand for.
-_DATA: dict[str, _DataAlgorithm] = {
+DATA: dict[str, _DataAlgorithm] = {
     "aes128-gcm": _DataAlgorithm(XENC11 + "aes128-gcm", 16, gcm=True),
     "aes256-gcm": _DataAlgorithm(XENC11 + "aes256-gcm", 32, gcm=True),
     "aes128-cbc": _DataAlgorithm(XENC + "aes128-cbc", 16, gcm=False),
     "aes256-cbc": _DataAlgorithm(XENC + "aes256-cbc", 32, gcm=False),
 }
-_DATA_BY_URI = {a.uri: name for name, a in _DATA.items()}
-DATA_ALGORITHMS: dict[str, str] = {name: a.uri for name, a in _DATA.items()}
+_DATA_BY_URI = {a.uri: name for name, a in DATA.items()}
+DATA_ALGORITHMS: dict[str, str] = {name: a.uri for name, a in DATA.items()}
 
 KEY_TRANSPORTS: dict[str, str] = {
     "rsa-oaep-mgf1p": XENC + "rsa-oaep-mgf1p",
@@ -111,12 +111,17 @@ def _method_uri(el: etree._Element, what: str) -> tuple[etree._Element, str]:
     return method, uri
 
 
-def _data_algorithm(ed: etree._Element, allowed: Sequence[str]) -> _DataAlgorithm:
+def data_algorithm_name(ed: etree._Element, allowed: Sequence[str]) -> str:
+    """The policy name of an EncryptedData's algorithm, refused unless `allowed`."""
     _, uri = _method_uri(ed, "EncryptedData")
     name = _DATA_BY_URI.get(uri)
     if name is None or name not in allowed:
         raise faults.security("UnsupportedAlgorithm", f"data encryption algorithm not allowed: {uri[:120]}")
-    return _DATA[name]
+    return name
+
+
+def _data_algorithm(ed: etree._Element, allowed: Sequence[str]) -> _DataAlgorithm:
+    return DATA[data_algorithm_name(ed, allowed)]
 
 
 def cipher_value(el: etree._Element, what: str) -> bytes:
@@ -140,7 +145,7 @@ def cipher_value(el: etree._Element, what: str) -> bytes:
 
 def is_cbc(algorithm: str) -> bool:
     """Whether a data algorithm (policy name) is CBC: unauthenticated, its padding an oracle if decrypted unchecked."""
-    return not _DATA[algorithm].gcm
+    return not DATA[algorithm].gcm
 
 
 def cbc_data(ed: etree._Element, allowed: Sequence[str]) -> bool:
@@ -157,12 +162,12 @@ def data_key_size(ed: etree._Element, allowed: Sequence[str]) -> int:
 
 def key_size(algorithm: str) -> int:
     """The key length a data algorithm (policy name) needs."""
-    return _DATA[algorithm].key_size
+    return DATA[algorithm].key_size
 
 
 def new_key(algorithm: str) -> bytes:
     """A fresh random key for a data algorithm (policy name)."""
-    return os.urandom(_DATA[algorithm].key_size)
+    return os.urandom(DATA[algorithm].key_size)
 
 
 def key_for(ed: etree._Element) -> etree._Element | None:
@@ -484,7 +489,7 @@ def encrypt_element(
 def _encrypted_data(
     parts: list[bytes], key: bytes, algorithm: str, id: str, kind: str, key_info: etree._Element | None
 ) -> etree._Element:
-    alg = _DATA[algorithm]
+    alg = DATA[algorithm]
     if len(key) != alg.key_size:
         raise ValueError(f"{algorithm} needs a {alg.key_size}-byte key, got {len(key)}")
     encoded = _encrypt(alg, key, parts)

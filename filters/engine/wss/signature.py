@@ -12,7 +12,11 @@ With a route's optimizations (filters/engine/wss/optimizations.py), references i
 transform) are digested directly (filters/engine/xml/c14n.py) and the SignatureValue is checked over the canonical
 SignedInfo (an HMAC by `hmac`, RSA by xmlsec); a signature that does not verify that way goes through xmlsec's
 full verification, which decides. Signing computes the same digests and signs the canonical SignedInfo the same
-way."""
+way.
+
+References to attachments (`cid:`, the SwA profile: filters/engine/wss/attachments.py) are taken where the caller
+passes the message's attachments; xmlsec cannot resolve them, so such a signature is checked here throughout
+(`_verify_with_attachments`)."""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa, utils
 from lxml import etree
 
 from filters.engine import faults, metrics, ns
-from filters.engine.wss import token
+from filters.engine.wss import attachments, token
 from filters.engine.xml import c14n, values
 from filters.engine.xml.soap import Envelope
 
@@ -102,11 +106,13 @@ PrivateKey = rsa.RSAPrivateKey | bytes
 @dataclass(frozen=True)
 class VerifiedSignature:
     """A verified signature. `elements` are the very element objects whose digests matched, in reference
-    order; `signature_value` feeds the replay store; `algorithm` is the policy name ("rsa-sha256"...)."""
+    order; `signature_value` feeds the replay store; `algorithm` is the policy name ("rsa-sha256"...);
+    `attachments`: the Content-IDs of the attachments whose digests matched (attachments.py), in reference order."""
 
     elements: list[etree._Element]
     signature_value: bytes
     algorithm: str
+    attachments: tuple[str, ...] = ()
 
     def covers(self, el: etree._Element) -> bool:
         """Whether `el` itself (by identity, not by id) was signed."""
@@ -148,35 +154,47 @@ def _check_c14n_children(el: etree._Element, algorithm: xmlsec.Transform, what: 
         raise faults.security("InvalidSecurity", f"{what} has unexpected parameters")
 
 
-def _check_reference(ref: etree._Element, digests: dict[str, xmlsec.Transform]) -> str:
-    """The id a ds:Reference points to, after checking its URI, transforms and digest method."""
-    uri = ref.get("URI")
-    m = _LOCAL_REF.fullmatch(uri or "")
-    if m is None:
-        raise faults.security("InvalidSecurity", f"reference URI {(uri or '')[:80]!r} is not a same-document '#id'")
+def _check_reference(ref: etree._Element, digests: dict[str, xmlsec.Transform], cid: bool) -> str:
+    """The id a ds:Reference points to ("cid:..." for an attachment, where `cid` allows them), after checking its
+    URI, transforms and digest method."""
+    uri = ref.get("URI") or ""
+    m = _LOCAL_REF.fullmatch(uri)
+    attachment = cid and uri.startswith("cid:")
+    if m is None and not attachment:
+        raise faults.security("InvalidSecurity", f"reference URI {uri[:80]!r} is not a same-document '#id'")
+    target = uri if attachment else m[1]  # type: ignore[index]
     parts = _children(ref)
     tags = [p.tag for p in parts]
-    if tags and tags[0] == _ds("Transforms"):
+    if attachment:  # exactly one SwA transform, without parameters (attachments.py)
+        steps = _children(parts[0]) if tags and tags[0] == _ds("Transforms") else []
+        if len(steps) != 1 or steps[0].tag != _ds("Transform") or _children(steps[0]):
+            raise faults.security("InvalidSecurity", f"reference {uri[:80]!r} must have one SwA transform")
+        if steps[0].get("Algorithm") not in attachments.SIGNATURE_TRANSFORMS:
+            raise faults.security("UnsupportedAlgorithm", f"attachment transform {steps[0].get('Algorithm')!r:.120}")
+        parts, tags = parts[1:], tags[1:]
+    elif tags and tags[0] == _ds("Transforms"):
         transforms = _children(parts[0])
         if len(transforms) > MAX_TRANSFORMS:
-            raise faults.security("InvalidSecurity", f"reference #{m[1]} has {len(transforms)} transforms")
+            raise faults.security("InvalidSecurity", f"reference #{target} has {len(transforms)} transforms")
         for t in transforms:
             if t.tag != _ds("Transform"):
                 raise faults.security("InvalidSecurity", f"unexpected {t.tag} in ds:Transforms")
             _check_c14n_children(t, _algorithm(t, REFERENCE_TRANSFORMS, "transform"), "ds:Transform")
         parts, tags = parts[1:], tags[1:]
     if tags != [_ds("DigestMethod"), _ds("DigestValue")]:
-        raise faults.security("InvalidSecurity", f"reference #{m[1]} is not Transforms?, DigestMethod, DigestValue")
+        raise faults.security(
+            "InvalidSecurity", f"reference {target[:80]} is not Transforms?, DigestMethod, DigestValue"
+        )
     digest = _algorithm(parts[0], digests, "digest method")
     if _children(parts[0]):
         raise faults.security("InvalidSecurity", "ds:DigestMethod has unexpected parameters")
     if len(values.base64_bytes(parts[1], "ds:DigestValue")) != DIGEST_SIZES[digest.href]:
-        raise faults.security("InvalidSecurity", f"reference #{m[1]}: DigestValue of the wrong length")
-    return m[1]
+        raise faults.security("InvalidSecurity", f"reference {target[:80]}: DigestValue of the wrong length")
+    return target
 
 
 def _check_signature(
-    sig: etree._Element, key: x509.Certificate | bytes, policy: SignaturePolicy
+    sig: etree._Element, key: x509.Certificate | bytes, policy: SignaturePolicy, cid: bool = False
 ) -> tuple[str, list[str], bytes]:
     """Algorithm name, referenced ids and signature value of a ds:Signature that passed secure validation."""
     forbidden = next(sig.iter(*FORBIDDEN), None)
@@ -218,7 +236,7 @@ def _check_signature(
         raise faults.security("InvalidSecurity", f"HMAC key of {len(key)} bytes (at least {MIN_HMAC_KEY})")
 
     digests = {DIGEST_METHODS[d].href: DIGEST_METHODS[d] for d in policy.digests}
-    ids = [_check_reference(r, digests) for r in refs]
+    ids = [_check_reference(r, digests, cid) for r in refs]
     _check_duplicates(refs, ids)
     # The value xmlsec verifies is this one (its text, whole), and the replay store remembers these bytes: a
     # signature has exactly one accepted length (an RSA value as long as the modulus, an HMAC as its hash), so
@@ -402,24 +420,18 @@ def verify(
     key: x509.Certificate | bytes,
     policy: SignaturePolicy,
     optimizations: Optimizations | None = None,
+    parts: attachments.Attachments | None = None,
 ) -> VerifiedSignature:
     """Verify `sig` (a ds:Signature in a wsse:Security header of `env`) with `key`: a certificate for RSA,
     the secret for HMAC. The key comes from the caller, never from the signature's KeyInfo. `optimizations`:
-    the route's (None: xmlsec's reference processing)."""
+    the route's (None: xmlsec's reference processing). `parts`: the message's attachments, which `cid:`
+    references may name (None: such a reference is refused)."""
     security = _security_of(sig, env)
-    algorithm, ids, value = _check_signature(sig, key, policy)
+    algorithm, ids, value = _check_signature(sig, key, policy, cid=parts is not None)
+    if parts is not None and any(i.startswith("cid:") for i in ids):
+        return _verify_with_attachments(sig, env, security, key, algorithm, ids, value, parts)
     index = id_index(env.root)
-    elements: list[etree._Element] = []
-    for ref_id in ids:
-        el = index.get(ref_id)
-        if el is None:
-            raise faults.security("InvalidSecurity", f"reference #{ref_id[:80]} resolves to no element")
-        if not _in_place(el, env, security, sig):
-            raise faults.security(
-                "InvalidSecurity", f"reference #{ref_id[:80]}: {el.tag[:120]} is not where a signed part may be"
-            )
-        _id_attribute(el, ref_id)  # named by wsu:Id or Id, the attributes xmlsec registers (never xml:id...)
-        elements.append(el)
+    elements = _signed_elements(ids, index, env, security, sig)
     direct = None
     if optimizations is not None:
         direct = _verify_direct(sig, elements, security, key, algorithm, value, optimizations)
@@ -446,6 +458,87 @@ def verify(
     if direct is False and optimizations is not None:
         optimizations.diverged()
     return _verified(elements, value, algorithm)
+
+
+def _signed_elements(
+    ids: list[str], index: dict[str, etree._Element], env: Envelope, security: etree._Element, sig: etree._Element
+) -> list[etree._Element]:
+    """The elements the "#id" references name, each where a signed part may be."""
+    elements: list[etree._Element] = []
+    for ref_id in ids:
+        el = index.get(ref_id)
+        if el is None:
+            raise faults.security("InvalidSecurity", f"reference #{ref_id[:80]} resolves to no element")
+        if not _in_place(el, env, security, sig):
+            raise faults.security(
+                "InvalidSecurity", f"reference #{ref_id[:80]}: {el.tag[:120]} is not where a signed part may be"
+            )
+        _id_attribute(el, ref_id)  # named by wsu:Id or Id, the attributes xmlsec registers (never xml:id...)
+        elements.append(el)
+    return elements
+
+
+def _verify_with_attachments(
+    sig: etree._Element,
+    env: Envelope,
+    security: etree._Element,
+    key: x509.Certificate | bytes,
+    algorithm: str,
+    ids: list[str],
+    value: bytes,
+    parts: attachments.Attachments,
+) -> VerifiedSignature:
+    """A signature with `cid:` references, which xmlsec cannot resolve: every digest computed here (the
+    attachments' by their SwA transform, the elements' in the one-exclusive-C14N shape WSS4J sends, any other
+    shape refused), then the SignatureValue over the canonical SignedInfo. The attachments are marked signed
+    (with the transform that covered them) only once all of it checked out."""
+    info = _children(sig)[0]
+    children = _children(info)
+    info_prefixes = _exclusive_prefixes(children[0])
+    if info_prefixes is None:
+        raise faults.security("InvalidSecurity", "signature over attachments: SignedInfo not in exclusive C14N")
+    element_ids = [i for i in ids if not i.startswith("cid:")]
+    elements = iter(_signed_elements(element_ids, id_index(env.root), env, security, sig))
+    covered: list[tuple[attachments.Attachment, str]] = []
+    signed: list[etree._Element] = []
+    for ref, target in zip(children[2:], ids, strict=True):
+        method, digest_value = _children(ref)[-2:]
+        name = DIGEST_NAMES[method.get("Algorithm") or ""]
+        expected = values.base64_bytes(digest_value, "ds:DigestValue")
+        if target.startswith("cid:"):
+            part = parts.by_uri(target)
+            transform = _children(_children(ref)[0])[0].get("Algorithm") or ""
+            got = attachments.digest(part, transform, name)
+            covered.append((part, attachments.SIGNATURE_TRANSFORMS[transform]))
+        else:
+            plan = _direct_reference(ref)
+            if plan is None:
+                raise faults.security(
+                    "InvalidSecurity", f"reference #{target[:80]} beside attachments: not one exclusive C14N"
+                )
+            el = next(elements)
+            got = c14n.digest(el, plan[0], name)
+            signed.append(el)
+        if not hmac.compare_digest(got, expected):
+            raise faults.security("FailedCheck", f"reference {target[:80]}: digest mismatch")
+    if not _signature_matches(c14n.canonical(info, info_prefixes), key, algorithm, value):
+        raise faults.security("FailedCheck", "signature does not verify: SignatureValue over attachments")
+    _check_order([part for part, _ in covered], parts)
+    for part, how in covered:
+        part.signed = how
+    verified = _verified(signed, value, algorithm)
+    return VerifiedSignature(verified.elements, value, algorithm, tuple(p.content_id for p, _ in covered))
+
+
+def _check_order(signed: list[attachments.Attachment], parts: attachments.Attachments) -> None:
+    """Signed attachments travel in the order they were signed: a receiver that reads parts by position (SwA
+    without cid: links in the body) must not get them reordered under a valid signature."""
+    if len({id(p) for p in signed}) != len(signed):
+        raise faults.security("InvalidSecurity", "an attachment is referenced twice by one signature")
+    positions = {id(p): i for i, p in enumerate(parts)}
+    order = [positions[id(p)] for p in signed]
+    if order != sorted(order):
+        raise faults.security("InvalidSecurity", "attachments are not in the order they were signed")
 
 
 def _verified(elements: list[etree._Element], value: bytes, algorithm: str) -> VerifiedSignature:
@@ -571,6 +664,7 @@ class Signer:
         ids: list[str],
         ref_prefixes: list[list[str]],
         digests: list[bytes],
+        attachment_refs: Sequence[tuple[str, bytes]] = (),
     ) -> bytes | None:
         """The exclusive canonical form (PrefixList `info_prefixes`) of the SignedInfo this Signer writes, with
         the namespaces `scope` in scope on it, written out directly: the SignedInfo itself is then parsed from
@@ -588,6 +682,11 @@ class Signer:
             out.append(f'<ds:Reference URI="#{_c14n_attribute(value)}"><ds:Transforms>')
             out.append(f'<ds:Transform Algorithm="{T.EXCL_C14N.href}">{_inclusive(prefixes)}</ds:Transform>')
             out.append(f'</ds:Transforms><ds:DigestMethod Algorithm="{self._digest.href}"></ds:DigestMethod>')
+            out.append(f"<ds:DigestValue>{base64.b64encode(got).decode()}</ds:DigestValue></ds:Reference>")
+        for uri, got in attachment_refs:  # SwA profile: the part's headers and content (attachments.py)
+            out.append(f'<ds:Reference URI="{_c14n_attribute(uri)}"><ds:Transforms>')
+            out.append(f'<ds:Transform Algorithm="{attachments.COMPLETE_SIGNATURE}"></ds:Transform></ds:Transforms>')
+            out.append(f'<ds:DigestMethod Algorithm="{self._digest.href}"></ds:DigestMethod>')
             out.append(f"<ds:DigestValue>{base64.b64encode(got).decode()}</ds:DigestValue></ds:Reference>")
         out.append("</ds:SignedInfo>")
         return "".join(out).encode()
@@ -611,13 +710,15 @@ class Signer:
         id_prefix: str = "id",
         new_id: Callable[[], str] | None = None,
         optimizations: Optimizations | None = None,
+        parts: Sequence[attachments.Attachment] = (),
     ) -> etree._Element:
         """Sign `elements` (each gets a wsu:Id if it has none), append the ds:Signature to `security` with
         `key_info_child` in its ds:KeyInfo, and return it. `new_id`: the message's own source of fresh ids (it
         has scanned the document already; a scan costs about 0.5 ms on 30 KB), else ids from `id_prefix`.
         `optimizations`: digests computed directly (and prehashed), xmlsec signing the canonical SignedInfo;
         None: xmlsec signs the whole template. The signature must stay under `security` (the SignedInfo's
-        canonical form depends on the namespaces in scope there)."""
+        canonical form depends on the namespaces in scope there). `parts`: attachments signed too, with their
+        headers (Attachment-Complete-Signature-Transform); always signed directly (xmlsec cannot resolve cid:)."""
         if not elements:
             raise ValueError("nothing to sign")
         root = env.root
@@ -629,18 +730,29 @@ class Signer:
         sig_id = fresh()
         info_prefixes = _inclusive_prefixes(security, exclude_visible=False)
         ref_prefixes = [_inclusive_prefixes(el, exclude_visible=True) for el in elements]
-        direct = optimizations is not None and all(c14n.direct(p) for p in (info_prefixes, *ref_prefixes))
+        direct = (optimizations is not None or bool(parts)) and all(
+            c14n.direct(p) for p in (info_prefixes, *ref_prefixes)
+        )
         digests: list[bytes] = []
+        if parts and not direct:
+            raise faults.server("signing attachments: a PrefixList with the default namespace")
         if direct:
-            assert optimizations is not None
             # Tokens of the Security header (the Timestamp...) are per message: never worth prehashing. None of
             # the elements holds the Security header, so the signature added there later changes no digest.
             digests = [
                 optimizations.digest(el, prefixes, self.digest, cacheable=el.getparent() is not security)
+                if optimizations is not None
+                else c14n.digest(el, prefixes, self.digest)
                 for el, prefixes in zip(elements, ref_prefixes, strict=True)
             ]
+            cid_refs = [
+                (attachments.cid_uri(p.content_id), attachments.digest(p, attachments.COMPLETE_SIGNATURE, self.digest))
+                for p in parts
+            ]
             scope = {**security.nsmap, "ds": ns.DS}  # the namespaces in scope on the SignedInfo
-            template = self._signed_info(scope, info_prefixes, ids, ref_prefixes, digests)
+            template = self._signed_info(scope, info_prefixes, ids, ref_prefixes, digests, cid_refs)
+            if template is None and parts:
+                raise faults.server("signing attachments: an 'ec' prefix in scope of the Security header")
             if template is not None:
                 try:
                     value = base64.b64encode(self._sign_binary(template))

@@ -20,14 +20,20 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from lxml import etree
 
 from filters.engine import faults, ns
-from filters.engine.wss import encryption, keys, saml, signature, timestamp, username_token
+from filters.engine.wss import attachments, encryption, keys, saml, signature, timestamp, username_token
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss.optimizations import Optimizations
 from filters.engine.wss.replay import DeferredKey, DeferredReplay, ReplayCache, check_epoch, first_sight
 from filters.engine.xml import xmlsupport
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import Limits
-from gateway.policy import EncryptionPolicy, SignaturePolicy, TimestampPolicy, UsernameTokenPolicy
+from gateway.policy import (
+    AttachmentSecurity,
+    EncryptionPolicy,
+    SignaturePolicy,
+    TimestampPolicy,
+    UsernameTokenPolicy,
+)
 
 SECURITY = ns.q(ns.WSSE, "Security")
 TIMESTAMP = ns.q(ns.WSU, "Timestamp")
@@ -65,6 +71,7 @@ class Requirements:
     # Whether a symmetric signature whose key came in an EncryptedKey may be the only credential (hmac routes:
     # hmac.allow_anonymous); such a sender proves nothing about who it is.
     anonymous: bool = True
+    attachments: AttachmentSecurity = field(default_factory=AttachmentSecurity)
 
 
 @dataclass
@@ -111,6 +118,7 @@ class Verified:
     # Its freshness evidence (ms since the Unix epoch), to compare with the store's replay epoch (filters/engine/wss/replay.py).
     replay_since_ms: int = 0
     assertion: saml.Assertion | None = None  # the header's one SAML assertion, verified (`saml` routes)
+    signed_attachments: list[str] = field(default_factory=list)  # Content-IDs, each covered by the signature
 
     def covers(self, el: etree._Element) -> bool:
         """Whether `el` or an ancestor of it was signed (by identity)."""
@@ -144,6 +152,7 @@ class _State:
     timestamp: etree._Element | None = None  # the wsu:Timestamp, to tell whether it was signed
     username_created: datetime | None = None  # the authenticated UsernameToken's Created
     replay_checked: bool = False  # a key of this message went to the replay store
+    parts: attachments.Attachments | None = None  # the message's attachments (None: a plain SOAP message)
     out: Verified = field(default_factory=Verified)
 
 
@@ -160,13 +169,21 @@ def find_security(env: Envelope) -> etree._Element | None:
     return ours[0] if ours else None
 
 
-def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime) -> Verified:
-    """Check the message's Security header against `req`, then remove it. Raises a Fault on any refusal."""
+def process(
+    env: Envelope,
+    req: Requirements,
+    creds: Credentials,
+    now: datetime,
+    parts: attachments.Attachments | None = None,
+) -> Verified:
+    """Check the message's Security header against `req`, then remove it. Raises a Fault on any refusal.
+    `parts`: the attachments of a multipart message, which signatures may cover and which may arrive encrypted
+    (decrypted in place)."""
     security = find_security(env)
     if security is None:
         raise faults.security("InvalidSecurity", "no wsse:Security header")
     drop_comments(env.root)
-    st = _State(env=env, req=req, creds=creds, now=now, security=security)
+    st = _State(env=env, req=req, creds=creds, now=now, security=security, parts=parts)
     # Tokens are resolved anywhere in the header, as WSS4J does: zeep puts its certificate after the signature.
     for bst in security.iterchildren(BST):
         _bst(st, bst)
@@ -188,6 +205,7 @@ def process(env: Envelope, req: Requirements, creds: Credentials, now: datetime)
         _authenticate_user(st, st.username_token)
     _identify(st)
     _check_requirements(st)
+    _check_attachments(st)
     _check_replay_epoch(st)
     _strip(env, security)
     return st.out
@@ -332,13 +350,25 @@ def _check_cbc(st: _State, ed: etree._Element, secret: bytes) -> None:
             st.cbc_keys_used.append(secret)
             _claim_now(st, b"cbc-key:" + encrypted_key_sha1(carrier).encode(), encryption.failed("CBC key reused"))
         return
-    if not st.out.covers(ed):
+    if not (st.out.covers(ed) or _ciphertext_signed(st, ed)):
         raise encryption.failed("CBC EncryptedData not covered by a signature verified before decryption")
     if carrier is None and st.out.symmetric_key is None:
         raise encryption.failed("CBC EncryptedData under a shared key its X.509 signer need not hold")
     derived = st.out.context is not None and any(st.secret_by_id.get(i) is secret for i in st.derived_ids)
     if carrier is None and not (derived or hmac.compare_digest(secret, st.out.symmetric_key or b"")):
         raise encryption.failed("CBC EncryptedData under a key its signature was not made with")
+
+
+def _ciphertext_signed(st: _State, ed: etree._Element) -> bool:
+    """Whether the attachment an EncryptedData names was signed as it is now: ciphertext (encrypt-then-sign)."""
+    if st.parts is None or not attachments.is_attachment_data(ed):
+        return False
+    return any(p.signed is not None and not p.decrypted for p in st.parts if _names(ed, p))
+
+
+def _names(ed: etree._Element, part: attachments.Attachment) -> bool:
+    return any(attachments.content_id(r.get("URI") or "") == part.content_id
+               for r in ed.iter(ns.q(ns.XENC, "CipherReference")))  # fmt: skip
 
 
 def _claim_now(st: _State, key: bytes, used: faults.Fault) -> None:
@@ -381,6 +411,9 @@ def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
     if len(matches) != 1:
         raise faults.security("InvalidSecurity", f"DataReference #{ref_id[:80]} resolves to {len(matches)} elements")
     ed = matches[0]
+    if attachments.is_attachment_data(ed):
+        _decrypt_attachment(st, ed, secret)
+        return
     if secret is None:
         secret = _data_key(st, ed)
     parent = ed.getparent()
@@ -396,6 +429,22 @@ def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
             st.decrypted_with[node] = secret
     if parent is st.env.body:
         st.out.decrypted_body = True
+
+
+def _decrypt_attachment(st: _State, ed: etree._Element, secret: bytes | None) -> None:
+    """An attachment encrypted per the SwA profile: its part decrypted in place (attachments.decrypt). Under CBC
+    the same rules as an element (_check_cbc), a signature before decryption covering the part's ciphertext."""
+    if st.parts is None:
+        raise faults.security("InvalidSecurity", "attachment EncryptedData in a message without attachments")
+    if ed.getparent() is not st.security:  # where WSS4J puts it; in the Body it would reach the backend
+        raise faults.security("InvalidSecurity", "attachment EncryptedData outside the Security header")
+    if any(p.encrypted_data is ed for p in st.parts):
+        return  # named by a ReferenceList and met again in the header walk
+    if secret is None:
+        secret = _data_key(st, ed)
+    if encryption.cbc_data(ed, st.req.encryption.data_algorithms):
+        _check_cbc(st, ed, secret)
+    attachments.decrypt(ed, secret, st.req.encryption.data_algorithms, st.parts)
 
 
 def _data_key(st: _State, ed: etree._Element) -> bytes:
@@ -528,10 +577,11 @@ def _signature(st: _State, sig: etree._Element) -> bool:
             st.out.subject = st.creds.trust.validate(key, [], st.now)
             st.out.signer_certificate = key
             st.out.signer_chain = st.creds.trust.chain(key)
-    verified = signature.verify(sig, st.env, key, st.req.signature, st.creds.optimizations)
+    verified = signature.verify(sig, st.env, key, st.req.signature, st.creds.optimizations, st.parts)
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
     _first_sight(st, b"sig:" + verified.signature_value, _replay_ttl(st), replayed)
     st.out.signed.extend(verified.elements)
+    st.out.signed_attachments.extend(verified.attachments)
     st.out.signature_algorithm = verified.algorithm
     st.signature = sig
     if isinstance(key, bytes):
@@ -567,12 +617,13 @@ def _derived_key_token(st: _State, el: etree._Element) -> bool:
 
 
 def _encrypted_data(st: _State, ed: etree._Element) -> bool:
-    """An encrypted header token (e.g. a UsernameToken) that names its own key."""
+    """An encrypted header token (e.g. a UsernameToken) that names its own key, or an encrypted attachment's
+    EncryptedData (it stays in the header: nothing takes its place)."""
     ed_id = ed.get("Id")
     if not ed_id:
         raise faults.security("InvalidSecurity", "EncryptedData in the Security header without Id")
     _decrypt_reference(st, ed_id, None)
-    return True
+    return not attachments.is_attachment_data(ed)
 
 
 _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
@@ -629,6 +680,23 @@ def _check_requirements(st: _State) -> None:
             continue
         if not (was_signed or out.covers(parent) or all(out.covers(n) for n in landing if isinstance(n.tag, str))):
             raise faults.security("InvalidSecurity", "decrypted content not covered by the signature")
+
+
+def _check_attachments(st: _State) -> None:
+    """Each attachment the route's policy names arrived signed (with its headers where `headers_signed`) and,
+    where `encrypted`, encrypted; a decrypted attachment is signed like decrypted content (CVE-2015-0227)."""
+    policy = st.req.attachments
+    for part in st.parts or ():
+        if part.decrypted and part.signed is None and not st.out.covers(part.encrypted_data):
+            raise faults.security("InvalidSecurity", f"decrypted attachment {part.content_id[:80]!r} not signed")
+        if not policy.must_sign_type(part.content_type):
+            continue
+        if part.signed is None:
+            raise faults.security("InvalidSecurity", f"attachment {part.content_id[:80]!r} is not signed")
+        if policy.headers_signed and part.signed != "complete":
+            raise faults.security("InvalidSecurity", f"attachment {part.content_id[:80]!r}: its headers are not signed")
+        if policy.encrypted and not part.decrypted:
+            raise faults.security("InvalidSecurity", f"attachment {part.content_id[:80]!r} was not encrypted")
 
 
 def addressing(block: etree._Element) -> bool:

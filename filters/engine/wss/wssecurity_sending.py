@@ -28,7 +28,7 @@ from cryptography import x509
 from lxml import etree
 
 from filters.engine import ns
-from filters.engine.wss import encryption, keys, signature, timestamp, username_token
+from filters.engine.wss import attachments, encryption, keys, signature, timestamp, username_token
 from filters.engine.wss.optimizations import Optimizations
 from filters.engine.wss.wssecurity import (
     REFERENCE_LIST,
@@ -112,6 +112,9 @@ def secure(
     unique_ids: bool = False,
     encrypt_user: EncryptFor | None = None,
     encrypt_signature: bool = False,
+    parts: attachments.Attachments | None = None,
+    sign_parts_attached: bool = False,
+    encrypt_parts: bool = False,
 ) -> Secured:
     """Add a Security header to `env` as the arguments say, laid out as the module docstring shows.
 
@@ -123,7 +126,10 @@ def secure(
     `encrypt_user`: the UsernameToken, once signed, is replaced by an EncryptedData (EncryptedSupportingTokens);
     give it the signing key (the binding's, or a pre-shared one) so the receiver can tie the two together.
     `encrypt_signature` (with `encrypt`): the ds:Signature, once made, is encrypted like the Body
-    (WS-SecurityPolicy EncryptSignature, WSS4J's encryptSignature)."""
+    (WS-SecurityPolicy EncryptSignature, WSS4J's encryptSignature).
+    `parts`: the message's attachments (the SwA profile, attachments.py); `sign_parts_attached`: each signed with
+    its headers; `encrypt_parts` (with `encrypt`): each encrypted (Attachment-Complete) in place, its
+    EncryptedData in the header beside the key's carrier; under CBC encrypted first and the ciphertext signed."""
     if encrypt_signature and (encrypt is None or sign is None or encryption.is_cbc(encrypt.algorithm)):
         raise ValueError("encrypting the signature needs a signature and a Body encryption, not CBC")
     drop_comments(env.root)  # what the receiver's C14N verifies is then all there is to read
@@ -174,8 +180,11 @@ def secure(
     # verifies before it decrypts never decrypts a changed CBC ciphertext (wssecurity._check_cbc).
     encrypt_first = encrypt is not None and encryption.is_cbc(encrypt.algorithm)
     first = _Encryptions(binding_ref)
+    attached = list(parts or ()) if encrypt is not None and encrypt_parts else []
     if encrypt is not None and encrypt_first:
         first.content(env.body, encrypt)
+        for part in attached:
+            first.attachment(part, encrypt)
     sig: etree._Element | None = None
     if sign is not None:
         if "addressing" in sign_parts and env.header is not None:
@@ -186,12 +195,15 @@ def secure(
                 raise ValueError("a signature needs a key reference")
             key_info = binding_ref()
         sig = sign.signer.sign(
-            env, security, to_sign, key_info, new_id=lambda: ids("id"), optimizations=sign.optimizations
-        )
+            env, security, to_sign, key_info, new_id=lambda: ids("id"), optimizations=sign.optimizations,
+            parts=list(parts or ()) if sign_parts_attached else (),
+        )  # fmt: skip
     if encrypt_user is not None and ut is not None:
         encryptions.element(ut, encrypt_user)
     if encrypt is not None and not encrypt_first:
         encryptions.content(env.body, encrypt)
+        for part in attached:
+            encryptions.attachment(part, encrypt)
         if encrypt_signature:
             assert sig is not None
             encryptions.element(sig, encrypt)
@@ -222,6 +234,7 @@ class _Encryptions:
     def __init__(self, binding_ref: Callable[[], etree._Element] | None) -> None:
         self.binding_ref = binding_ref
         self.groups: dict[int, tuple[EncryptFor, bytes, list[str]]] = {}
+        self.held: list[etree._Element] = []  # attachments' EncryptedData, for the header after the carriers
 
     def _key(self, spec: EncryptFor) -> tuple[bytes, list[str]]:
         group = self.groups.get(id(spec))
@@ -244,6 +257,18 @@ class _Encryptions:
         encryption.encrypt_content(el, secret, spec.algorithm, ed_id, self._key_info(spec))
         listed.append(ed_id)
 
+    def attachment(self, part: attachments.Attachment, spec: EncryptFor) -> None:
+        """An attachment encrypted in place (Attachment-Complete); its EncryptedData follows the key's carrier."""
+        secret, listed = self._key(spec)
+        ed_id = new_id("ED")
+        ed = attachments.encrypt(part, secret, spec.algorithm, True, etree.Element("held"), ed_id)
+        key_info = self._key_info(spec)
+        if key_info is not None:
+            ed.insert(1, etree.Element(ns.q(ns.DS, "KeyInfo"), nsmap={"ds": ns.DS}))
+            ed[1].append(key_info)
+        self.held.append(ed)
+        listed.append(ed_id)
+
     def element(self, el: etree._Element, spec: EncryptFor) -> None:
         """`el` itself replaced by an EncryptedData of Type Element (a UsernameToken, the ds:Signature)."""
         secret, listed = self._key(spec)
@@ -263,4 +288,4 @@ class _Encryptions:
                 for ed_id in listed:
                     etree.SubElement(reflist, ns.q(ns.XENC, "DataReference"), URI=f"#{ed_id}")
                 out.append(reflist)
-        return out
+        return out + self.held

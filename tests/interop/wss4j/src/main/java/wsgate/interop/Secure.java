@@ -50,6 +50,7 @@ final class Secure {
     private final WSSecHeader header;
     private final boolean append;
     private final JsonObject answer = new JsonObject();
+    private final Attachments attachments;
     private SecretKey sessionKey;
     private WSSecEncryptedKey encryptedKey;
     private String sctId;
@@ -64,6 +65,7 @@ final class Secure {
         this.header.setMustUnderstand(true);
         this.header.insertSecurityHeader();
         this.append = "append".equals(str(req, "layout", "prepend"));
+        this.attachments = new Attachments(req.getAsJsonArray("attachments"));
     }
 
     JsonObject run() throws Exception {
@@ -84,6 +86,10 @@ final class Secure {
             }
         }
         answer.addProperty("xml", Xml.serialize(doc));
+        JsonArray parts = attachments.toJson();
+        if (!parts.isEmpty()) {
+            answer.add("attachments", parts);
+        }
         return answer;
     }
 
@@ -141,7 +147,7 @@ final class Secure {
 
     private void sign(JsonObject step) throws Exception {
         String with = step.get("with").getAsString();
-        List<WSEncryptionPart> parts = parts(step.getAsJsonArray("parts"));
+        List<WSEncryptionPart> parts = parts(step);
         String digest = Algorithms.digest(str(step, "digest", "sha256"));
         if ("sct".equals(with)) {
             WSSecDKSign dk = new WSSecDKSign(header);
@@ -161,6 +167,7 @@ final class Secure {
             return;
         }
         WSSecSignature sig = new WSSecSignature(header);
+        sig.setAttachmentCallbackHandler(attachments);
         sig.setDigestAlgo(digest);
         sig.getParts().addAll(parts);
         Crypto crypto = null;
@@ -205,7 +212,9 @@ final class Secure {
         String with = step.get("with").getAsString();
         WSSecEncrypt enc = new WSSecEncrypt(header);
         enc.setSymmetricEncAlgorithm(Algorithms.data(str(step, "algorithm", "aes256-gcm")));
-        enc.getParts().addAll(parts(step.getAsJsonArray("parts")));
+        enc.setAttachmentCallbackHandler(attachments);
+        enc.setStoreBytesInAttachment(Attachments.flag(step, "store_bytes_in_attachment"));
+        enc.getParts().addAll(parts(step));
         if ("x509".equals(with)) {
             // WSS4J's encryption action: a fresh key in an EncryptedKey whose ReferenceList names every part.
             enc.setUseThisCert(Pem.certificate(step.get("cert").getAsString()));
@@ -257,17 +266,20 @@ final class Secure {
         ek.getParentNode().insertBefore(refs, ek.getNextSibling());
     }
 
-    private List<WSEncryptionPart> parts(JsonArray names) {
+    /** The step's "parts", then "cid:Attachments" (every attachment) with the step's "attachments" modifier:
+     * Element (Attachment-Complete: headers too) or Content (Attachment-Content-Only). */
+    private List<WSEncryptionPart> parts(JsonObject step) {
         List<WSEncryptionPart> out = new ArrayList<>();
-        if (names == null) {
-            return out;
-        }
-        for (JsonElement n : names) {
+        JsonArray names = step.getAsJsonArray("parts");
+        for (JsonElement n : names == null ? new JsonArray() : names) {
             Matcher m = PART.matcher(n.getAsString());
             if (!m.matches()) {
                 throw new IllegalArgumentException("part " + n + ": {Element|Content|}{namespace}localName");
             }
             out.add(new WSEncryptionPart(m.group(3), m.group(2), m.group(1).isEmpty() ? "Element" : m.group(1)));
+        }
+        if (step.has("attachments")) {
+            out.add(new WSEncryptionPart("cid:Attachments", step.get("attachments").getAsString()));
         }
         return out;
     }

@@ -22,7 +22,8 @@ import org.w3c.dom.Document;
 /**
  * `verify`: WSS4J's WSSecurityEngine over a secured message, Basic Security Profile enforcement on (WSS4J's
  * default) unless "bsp": false. {"xml", "trust": [CA PEM], "key"/"cert": who decrypts, "secrets": {identifier:
- * base64}, "users": {name: password}} -> what was signed (by whom, with which key), what was decrypted, and the processed envelope.
+ * base64}, "users": {name: password}, "attachments": [...] (Attachments.java)} -> what was signed (by whom, with which
+ * key), what was decrypted, and the processed envelope.
  */
 final class Verify {
     private static final Map<Integer, String> ACTIONS = Map.of(
@@ -62,6 +63,9 @@ final class Verify {
         String cert = req.has("cert") ? req.get("cert").getAsString() : null;
         data.setDecCrypto(Pem.crypto(key, cert, trust));
         data.setDisableBSPEnforcement(req.has("bsp") && !req.get("bsp").getAsBoolean());
+        Attachments attachments = new Attachments(req.getAsJsonArray("attachments"));
+        data.setAttachmentCallbackHandler(attachments);
+        data.setExpandXopInclude(Attachments.flag(req, "expand_xop")); // MTOM: signatures over the XOP infoset
         WSHandlerResult result = new WSSecurityEngine().processSecurityHeader(doc, data);
         if (result == null) {
             throw new IllegalStateException("no wsse:Security header for WSS4J to process");
@@ -104,6 +108,10 @@ final class Verify {
         answer.add("signed", signed);
         answer.add("decrypted", decrypted);
         answer.addProperty("xml", Xml.serialize(doc));
+        JsonArray parts = attachments.toJson();
+        if (!parts.isEmpty()) {
+            answer.add("attachments", parts);
+        }
         return answer;
     }
 
@@ -115,7 +123,10 @@ final class Verify {
         }
         for (WSDataRef ref : refs) {
             QName name = ref.getName();
-            if (name != null) {
+            String id = ref.getWsuId();
+            if (id != null && id.startsWith("cid:")) {
+                into.add(id); // an attachment (SwA): named by its cid: URI
+            } else if (name != null) {
                 into.add("{" + name.getNamespaceURI() + "}" + name.getLocalPart());
             }
         }

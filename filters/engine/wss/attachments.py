@@ -1,0 +1,515 @@
+"""WS-Security over SOAP attachments: the OASIS SwA profile 1.1 (wss-SwAProfile-v1.1.1), as Apache WSS4J does it.
+
+Signatures: a ds:Reference URI="cid:..." with one transform, `Attachment-Content-Signature-Transform` (the content)
+or `Attachment-Complete-Signature-Transform` (the listed MIME headers, canonicalized, then the content). Content is
+digested as it travels, except XML types (exclusive C14N of the parsed content) and other text/* types (line ends
+made CRLF), as WSS4J's AttachmentContentSignatureTransform does. Header canonicalization follows WSS4J's
+AttachmentUtils.canonizeMimeHeaders (profile 5.4.1): only Content-Description, -Disposition, -ID, -Location and
+-Type, in that order, folding and (comments) removed, parameters sorted and quoted; RFC 2231 parameter
+continuations and charsets (`name*`) are refused rather than guessed.
+
+Encryption: an xenc:EncryptedData of Type `Attachment-Content-Only` or `Attachment-Complete` whose
+CipherReference names the part (`Attachment-Ciphertext-Transform`): the part's body is IV || ciphertext (|| tag),
+for Complete the plaintext starts with the encrypted headers and a blank line. Same algorithms, same single
+failure for the client and the same CBC rules as XML Encryption (filters/engine/wss/encryption.py; the caller
+applies wssecurity._check_cbc before `decrypt`).
+
+Bytes are hashed and ciphered in CHUNK slices of one memoryview: nothing is copied whole except the result of a
+decryption or encryption (which replaces the part's body)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from email.header import decode_header, make_header
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from lxml import etree
+
+from filters.engine import faults, metrics, ns
+from filters.engine.mime import package as mime
+from filters.engine.mime import xop
+from filters.engine.wss import encryption
+from filters.engine.xml import xmlsupport
+
+SWA = "http://docs.oasis-open.org/wss/oasis-wss-SwAProfile-1.1"
+CONTENT_SIGNATURE = SWA + "#Attachment-Content-Signature-Transform"
+COMPLETE_SIGNATURE = SWA + "#Attachment-Complete-Signature-Transform"
+SIGNATURE_TRANSFORMS = {CONTENT_SIGNATURE: "content", COMPLETE_SIGNATURE: "complete"}
+CIPHERTEXT = SWA + "#Attachment-Ciphertext-Transform"
+CONTENT_ONLY = SWA + "#Attachment-Content-Only"
+COMPLETE = SWA + "#Attachment-Complete"
+ENCRYPTED_TYPES = {CONTENT_ONLY: "content", COMPLETE: "complete"}
+CHUNK = 1 << 16
+
+# The headers the profile signs and encrypts (5.3.2, 5.5.2), in their canonical spelling and order.
+LISTED = ("Content-Description", "Content-Disposition", "Content-ID", "Content-Location", "Content-Type")
+_LISTED = {h.lower(): h for h in LISTED}
+DEFAULT_CONTENT_TYPE = 'text/plain;charset="us-ascii"'
+# Parameters whose values are case-insensitive (lowercased by the canonical form).
+_CASELESS_PARAMS = {"charset", "creation-date", "filename", "modification-date", "padding", "read-date", "size", "type"}
+_XML_TYPE = re.compile(r"(?i)(text/xml|application/xml|(application|image)/.*\+xml)")
+_TEXT_TYPE = re.compile(r"(?i)text/")
+_PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
+_BROKEN_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+# A MIME type as EncryptedData/@MimeType may give it back to a part: type/subtype and parameters, one line.
+_MIME_TYPE = re.compile(r"[\w.+\-]+/[\w.+\-]+(\s*;[^\r\n]*)?")
+MAX_HEADER_LINES = 100  # in the plaintext of an Attachment-Complete encryption, as WSS4J
+MAX_LINE = 998
+
+
+@dataclass
+class Attachment:
+    """One attachment as the Security header processing sees it and changes it (decryption)."""
+
+    content_id: str  # without the angle brackets
+    headers: list[tuple[str, str]]
+    body: bytes | bytearray | memoryview  # decrypted or encrypted here: a bytearray
+    signed: str | None = None  # "content" or "complete": how a verified signature covered it
+    decrypted: bool = False
+    changed: bool = False  # decrypted or encrypted here: its part is written anew (to_package)
+    encrypted_data: etree._Element | None = field(default=None, repr=False)  # what it was decrypted from
+
+    def header(self, name: str) -> str | None:
+        found = [v for n, v in self.headers if n.lower() == name.lower()]
+        if len(found) > 1:
+            raise faults.security("InvalidSecurity", f"attachment {self.content_id[:80]!r}: {name} twice")
+        return found[0] if found else None
+
+    @property
+    def content_type(self) -> str:
+        return (self.header("Content-Type") or DEFAULT_CONTENT_TYPE).strip()
+
+
+class Attachments:
+    """The message's attachments in package order, found by the `cid:` URIs that name them."""
+
+    def __init__(self, parts: Iterable[Attachment]) -> None:
+        self.parts = list(parts)
+        self._by_id: dict[str, Attachment] = {}
+        for part in self.parts:
+            if self._by_id.setdefault(part.content_id, part) is not part:
+                raise faults.security("InvalidSecurity", f"Content-ID {part.content_id[:80]!r} twice")
+
+    def __iter__(self) -> Iterator[Attachment]:
+        return iter(self.parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def by_uri(self, uri: str) -> Attachment:
+        found = self._by_id.get(content_id(uri))
+        if found is None:
+            raise faults.security("InvalidSecurity", f"{uri[:80]!r} names no attachment")
+        return found
+
+
+def from_parts(parts: Sequence[mime.Part]) -> Attachments:
+    """A multipart message's attachments as the Security header processing sees them: their octets, the
+    transfer encoding undone (what the profile signs and encrypts); a binary part's bytes are not copied."""
+    return Attachments(
+        Attachment(p.content_id or "", list(p.headers), p.body if p.transfer_encoding != "base64" else xop.octets(p))
+        for p in parts
+    )
+
+
+def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
+    """`package` with each attachment that was decrypted or encrypted written back with its new headers: binary,
+    or base64 where its new bytes hold the package's boundary (a plaintext or ciphertext that would otherwise end
+    the part early, or add parts the gateway never checked, for the next reader)."""
+    delimiter = b"--" + package.boundary.encode("ascii")
+    out = []
+    for old, new in zip(package.attachments, parts, strict=True):
+        if not new.changed:
+            out.append(old)
+            continue
+        body = new.body
+        encoding = "binary"
+        if not isinstance(body, memoryview) and delimiter in body:
+            body, encoding = base64.encodebytes(bytes(body)).replace(b"\n", b"\r\n"), "base64"
+        headers = [(n, v) for n, v in new.headers if n.lower() != "content-transfer-encoding"]
+        headers.append(("Content-Transfer-Encoding", encoding))
+        out.append(mime.Part(tuple(headers), new.content_id, new.content_type, body, None))
+    return dataclasses.replace(package, attachments=tuple(out))
+
+
+@dataclass(frozen=True)
+class Expanded:
+    """An xop:Include replaced by its part's content as base64 text (`expand_xop`)."""
+
+    parent: etree._Element
+    href: str
+    content_id: str
+    text: str
+
+
+def expand_xop(includes: Sequence[etree._Element], parts: Sequence[mime.Part]) -> list[Expanded]:
+    """Each xop:Include replaced by the base64 text of the part it names: the infoset an MTOM sender signed and
+    encrypted (XOP 1.0; WSS4J's expandXopInclude), so signatures are verified and made over it, and a CipherValue
+    WSS4J stored in an attachment (storeBytesInAttachment) is read like any other. `restore_xop` undoes it."""
+    by_id = {p.content_id: p for p in parts}
+    out = []
+    for inc in includes:  # xop.check_includes: each the only, empty child of its parent, naming an attachment
+        href = inc.get("href", "")
+        part = by_id.get(mime.cid(href))
+        parent = inc.getparent()
+        if part is None or part.content_id is None or parent is None or len(parent) != 1:
+            raise mime.refused("xop:Include naming no attachment, or not alone in its element")
+        text = base64.b64encode(xop.octets(part)).decode("ascii")
+        parent.remove(inc)
+        parent.text = text
+        out.append(Expanded(parent, href, part.content_id, text))
+    return out
+
+
+def restore_xop(expanded: Sequence[Expanded], root: etree._Element) -> tuple[list[etree._Element], set[str]]:
+    """The xop:Include elements put back where the expanded text is still in the envelope, unchanged (the message
+    keeps MTOM as it came); the new Include elements, and the Content-IDs of the parts whose text is gone (a
+    CipherValue decrypted, content encrypted into a reply's Body): those leave the package."""
+    includes: list[etree._Element] = []
+    kept: set[str] = set()
+    for e in expanded:
+        # An element taken out of the tree still has the document's root as getroottree's: ask its ancestors.
+        attached = any(a is root for a in e.parent.iterancestors())
+        if not attached or e.parent.text != e.text or len(e.parent):
+            continue
+        e.parent.text = None
+        inc = etree.SubElement(e.parent, ns.q(xop.XOP, "Include"), nsmap={"xop": xop.XOP})
+        inc.set("href", e.href)
+        includes.append(inc)
+        kept.add(e.content_id)
+    return includes, {e.content_id for e in expanded} - kept
+
+
+def bare_id(header_value: str) -> str:
+    """A Content-ID header's value without its angle brackets."""
+    value = header_value.strip()
+    return value[1:-1] if value.startswith("<") and value.endswith(">") else value
+
+
+def content_id(uri: str) -> str:
+    """The Content-ID a `cid:` URI names (RFC 2392: percent-encoded; WSS4J URL-decodes it)."""
+    if not uri.startswith("cid:"):
+        raise faults.security("InvalidSecurity", f"{uri[:80]!r} is not a cid: URI")
+    raw = uri[4:].encode("utf-8")
+    if _BROKEN_PERCENT.search(raw):
+        raise faults.security("InvalidSecurity", f"{uri[:80]!r}: broken percent-encoding")
+    try:
+        return _PERCENT.sub(lambda m: bytes([int(m[1], 16)]), raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise faults.security("InvalidSecurity", f"{uri[:80]!r}: not UTF-8") from None
+
+
+def cid_uri(value: str) -> str:
+    """The `cid:` URI for a Content-ID (percent-encoding what RFC 2392 does not allow bare)."""
+    return "cid:" + "".join(c if re.fullmatch(r"[\w.@\-!$&'*+=^`{|}~]", c) else _escape(c) for c in value)
+
+
+def _escape(c: str) -> str:
+    return "".join(f"%{b:02X}" for b in c.encode("utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Canonical forms (profile 5.4)
+
+
+def _unfold(text: str) -> str:
+    """Remove each line break that a space or tab follows, or that ends the value (Jakarta Mail's unfold)."""
+    return re.sub(r"(\r\n|\r|\n)(?=[ \t]|$)", "", text)
+
+
+def _uncomment(text: str) -> str:
+    """Remove (comments), nested ones too, outside quoted strings."""
+    out: list[str] = []
+    depth = 0
+    quoted = False
+    for ch in text:
+        if quoted:
+            out.append(ch)
+            quoted = ch != '"'
+        elif depth:
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+        elif ch == "(":
+            depth = 1
+        else:
+            out.append(ch)
+            quoted = ch == '"'
+    return "".join(out)
+
+
+def _quote(text: str) -> str:
+    start, end = text[:1] == '"', text[-1:] == '"'
+    return text if start and end else ("" if start else '"') + text + ("" if end else '"')
+
+
+def _unquote_inner(text: str) -> str:
+    """WSS4J's unquoteInnerText over a quoted value: inner quotes escaped, other escapes resolved."""
+    out: list[str] = []
+    n = len(text)
+    i = 0
+    while i < n - 1:
+        c, c1 = text[i], text[i + 1]
+        if i == 0 and c == '"':
+            out.append(c)
+        elif c == "\\" and c1 in '"\\':
+            if i not in (0, n - 2):
+                out.append(c)
+            out.append(c1)
+            i += 1
+        elif c == '"':
+            out.append("\\" + c)
+        elif c == "\\":
+            out.append(c1)
+            i += 1
+        else:
+            out.append(c)
+            if i == n - 2 and c1 == '"':
+                out.append(c1)
+        i += 1
+    return "".join(out)
+
+
+def _parameters(text: str) -> str:
+    """A Content-Type or Content-Disposition value: the value lowercased, parameters sorted, values quoted."""
+    if ";" not in text:
+        return text
+    head, *params = text.split(";")
+    canonical: dict[str, str] = {}
+    for param in params:
+        name, eq, value = param.partition("=")
+        name, value = name.strip().lower(), value.strip()
+        if not eq or not name or not value or "*" in name:
+            raise faults.security("InvalidSecurity", f"MIME parameter {param.strip()[:80]!r} cannot be canonicalized")
+        canonical[name] = _unquote_inner(_quote(value.lower() if name in _CASELESS_PARAMS else value))
+    return head.lower() + "".join(f";{name}={canonical[name]}" for name in sorted(canonical))
+
+
+def canonical_headers(headers: Sequence[tuple[str, str]]) -> bytes:
+    """The profile's canonical MIME headers (5.4.1) as WSS4J writes them: `Name:value` CRLF each, sorted."""
+    found: dict[str, str] = {}
+    for name, value in headers:
+        canonical_name = _LISTED.get(name.strip().lower())
+        if canonical_name is None:
+            continue
+        if canonical_name in found:
+            raise faults.security("InvalidSecurity", f"{canonical_name} twice in one attachment")
+        unfolded = _unfold(value)
+        if canonical_name == "Content-Description":
+            decoded = str(make_header(decode_header(unfolded))) if "=?" in unfolded else unfolded
+            found[canonical_name] = _uncomment(decoded)
+            continue
+        text = _uncomment(unfolded.lstrip(" \t"))
+        found[canonical_name] = _parameters(text) if canonical_name in ("Content-Type", "Content-Disposition") else text
+    found.setdefault("Content-Type", DEFAULT_CONTENT_TYPE)
+    lines = [f"{name}:{value}" + ("" if value.endswith("\r\n") else "\r\n") for name, value in sorted(found.items())]
+    return "".join(lines).encode("utf-8")
+
+
+def _chunks(body: bytes | memoryview) -> Iterator[memoryview]:
+    view = memoryview(body)
+    for start in range(0, len(view), CHUNK):
+        yield view[start : start + CHUNK]
+
+
+def _crlf(chunks: Iterable[memoryview]) -> Iterator[bytes]:
+    """Every line end (CR, LF or CRLF) written as CRLF, across chunk boundaries."""
+    after_cr = False
+    for chunk in chunks:
+        data = bytes(chunk)
+        if after_cr and data.startswith(b"\n"):
+            data = data[1:]
+        after_cr = data.endswith(b"\r")
+        yield data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
+
+
+def content_form(attachment: Attachment) -> Iterator[bytes | memoryview]:
+    """The Attachment-Content-Signature-Transform's output, in pieces."""
+    mime = attachment.content_type
+    if _XML_TYPE.match(mime):
+        try:
+            doc = etree.fromstring(bytes(attachment.body), xmlsupport.parser())
+        except (etree.XMLSyntaxError, xmlsupport.ExternalResourceRefused) as exc:
+            raise faults.security("InvalidSecurity", f"XML attachment does not parse: {str(exc)[:120]}") from None
+        if doc.getroottree().docinfo.doctype:  # entities and DTDs: refused as in envelopes (threat_protection)
+            raise faults.security("InvalidSecurity", "XML attachment with a DOCTYPE")
+        yield etree.tostring(doc, method="c14n", exclusive=True, with_comments=False)
+    elif _TEXT_TYPE.match(mime):
+        yield from _crlf(_chunks(attachment.body))
+    else:
+        yield from _chunks(attachment.body)
+
+
+@metrics.timed("attachment_digest")
+def digest(attachment: Attachment, transform: str, algorithm: str) -> bytes:
+    """The DigestValue of a reference to `attachment` with one SwA signature transform; `algorithm`: hashlib name."""
+    h = hashlib.new(algorithm)
+    if SIGNATURE_TRANSFORMS[transform] == "complete":
+        h.update(canonical_headers(attachment.headers))
+    for piece in content_form(attachment):
+        h.update(piece)
+    return h.digest()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Encryption
+
+
+def _ciphertext_reference(ed: etree._Element) -> str:
+    """The cid: URI of an attachment EncryptedData, after checking its CipherReference's one transform."""
+    data = ed.find(ns.q(ns.XENC, "CipherData"))
+    refs = [] if data is None else list(data)
+    if len(refs) != 1 or refs[0].tag != ns.q(ns.XENC, "CipherReference"):
+        raise faults.security("InvalidSecurity", "attachment EncryptedData without one CipherReference")
+    transforms = [t for t in refs[0] if isinstance(t.tag, str)]
+    steps = [s for t in transforms for s in t if isinstance(s.tag, str)]
+    if (
+        [t.tag for t in transforms] != [ns.q(ns.XENC, "Transforms")]
+        or [s.tag for s in steps] != [ns.q(ns.DS, "Transform")]
+        or steps[0].get("Algorithm") != CIPHERTEXT
+        or len(steps[0])
+    ):
+        raise faults.security("InvalidSecurity", "attachment CipherReference must have the one Ciphertext transform")
+    return refs[0].get("URI") or ""
+
+
+def is_attachment_data(ed: etree._Element) -> bool:
+    return ed.get("Type") in ENCRYPTED_TYPES
+
+
+def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> bytearray:
+    algorithm = encryption.DATA[alg_name]
+    if len(key) != algorithm.key_size:
+        raise encryption.failed(f"attachment: key of {len(key)} bytes for a {algorithm.key_size}-byte algorithm")
+    view = memoryview(body)
+    out = bytearray()
+    if algorithm.gcm:
+        if len(view) < encryption.GCM_IV + encryption.GCM_TAG:
+            raise encryption.failed("attachment: GCM ciphertext too short")
+        tag = bytes(view[-encryption.GCM_TAG :])
+        decryptor = Cipher(algorithms.AES(key), modes.GCM(bytes(view[: encryption.GCM_IV]), tag)).decryptor()
+        for chunk in _chunks(view[encryption.GCM_IV : -encryption.GCM_TAG]):
+            out += decryptor.update(chunk)
+        try:
+            decryptor.finalize()
+        except InvalidTag:
+            raise encryption.failed("attachment: GCM authentication tag mismatch") from None
+        return out
+    block = encryption.BLOCK
+    if len(view) < 2 * block or len(view) % block:
+        raise encryption.failed("attachment: CBC ciphertext is not IV + whole blocks")
+    decryptor = Cipher(algorithms.AES(key), modes.CBC(view[:block])).decryptor()
+    for chunk in _chunks(view[block:]):
+        out += decryptor.update(chunk)
+    out += decryptor.finalize()
+    pad = out[-1]
+    if not 1 <= pad <= block:
+        raise encryption.failed("attachment: bad CBC padding")
+    del out[-pad:]
+    return out
+
+
+def _split_headers(plain: bytearray, part: Attachment) -> list[tuple[str, str]]:
+    """The encrypted headers of an Attachment-Complete plaintext, taken off its front (the content stays)."""
+    end = plain.find(b"\r\n\r\n", 0, (MAX_LINE + 2) * MAX_HEADER_LINES)
+    if plain.startswith(b"\r\n"):
+        end = -2
+    if end < -2 or end == -1:
+        raise encryption.failed("attachment: Attachment-Complete plaintext without a header block")
+    lines = plain[: max(end, 0)].decode("ascii", "replace").split("\r\n") if end > 0 else []
+    headers: list[tuple[str, str]] = []
+    for line in lines:
+        name, colon, value = line.partition(":")
+        canonical = _LISTED.get(name.strip().lower())
+        if not colon or canonical is None or len(line) > MAX_LINE or any(n == canonical for n, _ in headers):
+            raise encryption.failed("attachment: Attachment-Complete plaintext with a header not listed, twice or long")
+        headers.append((canonical, value))
+    inner_id = next((bare_id(v) for n, v in headers if n == "Content-ID"), None)
+    if inner_id is not None and inner_id != part.content_id:
+        raise encryption.failed("attachment: encrypted Content-ID differs from the part's")
+    del plain[: end + 4]  # in place: no second copy of the content
+    return headers
+
+
+@metrics.timed("attachment_decrypt")
+def decrypt(ed: etree._Element, key: bytes, allowed: Sequence[str], parts: Attachments) -> Attachment:
+    """Decrypt the attachment an EncryptedData (Type Attachment-Content-Only or -Complete) names, in place: its body
+    becomes the plaintext, its headers what the encryption says. `allowed`: policy data algorithm names."""
+    kind = ENCRYPTED_TYPES.get(ed.get("Type") or "")
+    if kind is None:
+        raise faults.security("InvalidSecurity", "not an attachment EncryptedData")
+    alg_name = encryption.data_algorithm_name(ed, allowed)  # before anything is decrypted (CVE-2012-5575)
+    part = parts.by_uri(_ciphertext_reference(ed))
+    if part.decrypted:
+        raise faults.security("InvalidSecurity", f"attachment {part.content_id[:80]!r} decrypted twice")
+    plain = _decrypt_stream(key, alg_name, part.body)
+    if kind == "content":
+        mime = (ed.get("MimeType") or "").strip()
+        if not _MIME_TYPE.fullmatch(mime):
+            raise encryption.failed("attachment: Attachment-Content-Only without a usable MimeType")
+        part.headers = [(n, v) for n, v in part.headers if n.lower() != "content-type"] + [("Content-Type", mime)]
+        part.body = plain
+    else:
+        inner = _split_headers(plain, part)
+        replaced = {n.lower() for n, _ in inner}
+        outer = [(n, v) for n, v in part.headers if n.lower() not in replaced]
+        part.headers = outer + inner
+        part.body = plain
+    part.decrypted = True
+    part.changed = True
+    part.encrypted_data = ed
+    return part
+
+
+@metrics.timed("attachment_encrypt")
+def encrypt(
+    part: Attachment, key: bytes, algorithm: str, complete: bool, parent: etree._Element, ed_id: str
+) -> etree._Element:
+    """Encrypt `part` in place (body: IV || ciphertext (|| tag), Content-Type application/octet-stream) and append
+    its xenc:EncryptedData (no KeyInfo: the EncryptedKey's ReferenceList names it) to `parent`."""
+    alg = encryption.DATA[algorithm]
+    if len(key) != alg.key_size:
+        raise ValueError(f"a {alg.key_size}-byte key is needed for {algorithm}")
+    mime = part.content_type
+    head = b""
+    kept = part.headers
+    if complete:
+        listed = [(n, v) for n, v in part.headers if n.lower() in _LISTED]
+        head = "".join(f"{_LISTED[n.lower()]}:{v}\r\n" for n, v in listed).encode("ascii") + b"\r\n"
+        kept = [(n, v) for n, v in part.headers if n.lower() not in _LISTED or n.lower() == "content-id"]
+    if alg.gcm:
+        iv = os.urandom(encryption.GCM_IV)
+        encryptor = Cipher(algorithms.AES(key), modes.GCM(iv)).encryptor()
+    else:
+        iv = os.urandom(encryption.BLOCK)
+        encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
+    out = bytearray(iv)
+    out += encryptor.update(head)
+    for chunk in _chunks(part.body):
+        out += encryptor.update(chunk)
+    if not alg.gcm:
+        pad = encryption.BLOCK - (len(head) + len(part.body)) % encryption.BLOCK
+        out += encryptor.update(os.urandom(pad - 1) + bytes([pad]))
+    out += encryptor.finalize()
+    if alg.gcm:
+        out += encryptor.tag
+    part.body = out
+    part.changed = True
+    part.headers = [(n, v) for n, v in kept if n.lower() != "content-type"] + [
+        ("Content-Type", "application/octet-stream")
+    ]
+    ed = etree.SubElement(parent, ns.q(ns.XENC, "EncryptedData"), nsmap={"xenc": ns.XENC})
+    ed.set("Id", ed_id)
+    ed.set("MimeType", mime)
+    ed.set("Type", COMPLETE if complete else CONTENT_ONLY)
+    etree.SubElement(ed, ns.q(ns.XENC, "EncryptionMethod"), Algorithm=alg.uri)
+    ref = etree.SubElement(etree.SubElement(ed, ns.q(ns.XENC, "CipherData")), ns.q(ns.XENC, "CipherReference"))
+    ref.set("URI", cid_uri(part.content_id))
+    transforms = etree.SubElement(ref, ns.q(ns.XENC, "Transforms"))
+    etree.SubElement(transforms, ns.q(ns.DS, "Transform"), nsmap={"ds": ns.DS}, Algorithm=CIPHERTEXT)
+    return ed
