@@ -16,7 +16,7 @@ from filters.stores.archive.postgres import PostgresStore
 from filters.stores.archive.record import open_body
 from filters.stores.archive.segments import SegmentStore
 
-SECURED = ("hmac", "rsa", "secureconversation")
+SECURED = ("hmac", "rsa", "secureconversation", "saml")
 CERTS = "${WSGATE_BENCH_CERTS:-certs/out}"
 DSN_ENV = "WSGATE_LOAD_ARCHIVE_DSN"  # the gateway's workers read the DSN from here: never in a policy file
 

@@ -362,7 +362,7 @@ def _soak(gw: Gateway, driver: Driver, plan: list[tuple[float, str]], duration: 
           policies: Path, log: IO[str], archive_db: ArchiveDb | None = None) -> SoakResult:  # fmt: skip
     tally = driver.tally = Tally(time.monotonic())
     lock = threading.Lock()
-    injector = faults.Faults(gw, lock, rng, policies, archive_db)
+    injector = faults.Faults(gw, lock, rng, policies, archive_db=archive_db)
     stop = threading.Event()
     failures: list[BaseException] = []
 
