@@ -105,16 +105,10 @@ def issued(pki: Path, method: str, **kw: Any) -> etree._Element:
     return saml_support.sign(saml_support.assertion_xml(pki, method=method, **kw), pki)
 
 
-# Metro signs a sender-vouches assertion through an STR-Transform reference to its STR (as WSS4J does); the
-# engine's signature verification takes exclusive C14N references only, so the gateway refuses it
-# (UnsupportedAlgorithm: transform ...#STR-Transform). Strict: this fails as soon as STR-Transform is supported.
-STR_TRANSFORM = pytest.mark.xfail(strict=True, raises=MetroError, reason="STR-Transform references not supported yet")
-
-
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize(
     ("method", "signer"),
-    [("holder-of-key", "client"), pytest.param("sender-vouches", "client2", marks=STR_TRANSFORM)],
+    [("holder-of-key", "client"), ("sender-vouches", "client2")],
 )
 def test_metro_saml_client_gets_through(
     metro: Metro, gw: Any, pki: Path, wsdls: dict[str, str], method: str, signer: str, version: str
