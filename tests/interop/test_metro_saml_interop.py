@@ -166,3 +166,16 @@ def test_metro_saml_message_replayed_refused(metro: Metro, gw: Any, pki: Path, w
 
 def _log(gw: Any) -> str:
     return "".join(p.read_text() for p in sorted((gw.opts.run_dir / "logs").glob("filter-*.log")))
+
+
+def test_metro_sender_vouches_by_a_party_not_allowed_to_vouch_refused(
+    metro: Metro, gw: Any, pki: Path, wsdls: dict[str, str]
+) -> None:
+    """Metro's STR-Transform signature verifies, but `client` is not listed as attesting: nothing reaches the
+    backend (the control is test_metro_saml_client_gets_through with `client2`)."""
+    clear(gw)
+    before = _log(gw)
+    with pytest.raises(MetroError, match="Security"):
+        call(metro, gw, pki, wsdls["sender-vouches"], issued(pki, "sender-vouches"), "client")
+    assert received(gw) == []
+    assert "no subject confirmation" in _log(gw)[len(before) :]
