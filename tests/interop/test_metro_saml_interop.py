@@ -105,16 +105,10 @@ def issued(pki: Path, method: str, **kw: Any) -> etree._Element:
     return saml_support.sign(saml_support.assertion_xml(pki, method=method, **kw), pki)
 
 
-# Metro signs a sender-vouches assertion through an STR-Transform reference to its STR (as WSS4J does); the
-# engine's signature verification takes exclusive C14N references only, so the gateway refuses it
-# (UnsupportedAlgorithm: transform ...#STR-Transform). Strict: this fails as soon as STR-Transform is supported.
-STR_TRANSFORM = pytest.mark.xfail(strict=True, raises=MetroError, reason="STR-Transform references not supported yet")
-
-
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize(
     ("method", "signer"),
-    [("holder-of-key", "client"), pytest.param("sender-vouches", "client2", marks=STR_TRANSFORM)],
+    [("holder-of-key", "client"), ("sender-vouches", "client2")],
 )
 def test_metro_saml_client_gets_through(
     metro: Metro, gw: Any, pki: Path, wsdls: dict[str, str], method: str, signer: str, version: str
@@ -172,3 +166,16 @@ def test_metro_saml_message_replayed_refused(metro: Metro, gw: Any, pki: Path, w
 
 def _log(gw: Any) -> str:
     return "".join(p.read_text() for p in sorted((gw.opts.run_dir / "logs").glob("filter-*.log")))
+
+
+def test_metro_sender_vouches_by_a_party_not_allowed_to_vouch_refused(
+    metro: Metro, gw: Any, pki: Path, wsdls: dict[str, str]
+) -> None:
+    """Metro's STR-Transform signature verifies, but `client` is not listed as attesting: nothing reaches the
+    backend (the control is test_metro_saml_client_gets_through with `client2`)."""
+    clear(gw)
+    before = _log(gw)
+    with pytest.raises(MetroError, match="Security"):
+        call(metro, gw, pki, wsdls["sender-vouches"], issued(pki, "sender-vouches"), "client")
+    assert received(gw) == []
+    assert "no subject confirmation" in _log(gw)[len(before) :]

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa, utils
 from lxml import etree
 
 from filters.engine import faults, metrics, ns
-from filters.engine.wss import attachments, token
+from filters.engine.wss import attachments, str_transform, token
 from filters.engine.xml import c14n, values
 from filters.engine.xml.soap import Envelope
 
@@ -179,6 +179,11 @@ def _check_reference(ref: etree._Element, digests: dict[str, xmlsec.Transform], 
         for t in transforms:
             if t.tag != _ds("Transform"):
                 raise faults.security("InvalidSecurity", f"unexpected {t.tag} in ds:Transforms")
+            if t.get("Algorithm") == str_transform.ALGORITHM:
+                if len(transforms) != 1:
+                    raise faults.security("InvalidSecurity", f"reference #{m[1]}: STR-Transform with other transforms")
+                str_transform.prefix_list(t)
+                continue
             _check_c14n_children(t, _algorithm(t, REFERENCE_TRANSFORMS, "transform"), "ds:Transform")
         parts, tags = parts[1:], tags[1:]
     if tags != [_ds("DigestMethod"), _ds("DigestValue")]:
@@ -400,6 +405,45 @@ def _verify_direct(
     return True
 
 
+def _str_transformed(ref: etree._Element) -> bool:
+    transforms = ref.find(_ds("Transforms"))
+    return transforms is not None and transforms[0].get("Algorithm") == str_transform.ALGORITHM
+
+
+def _verify_str_transformed(
+    sig: etree._Element,
+    elements: list[etree._Element],
+    key: x509.Certificate | bytes,
+    algorithm: str,
+    value: bytes,
+    policy: SignaturePolicy,
+    dereference: str_transform.Dereference | None,
+) -> list[etree._Element]:
+    """The tokens signed through STR-Transform references, once every digest and the SignatureValue check out,
+    all computed here (xmlsec knows no STR-Transform): so the SignedInfo and the other references must be in the
+    direct shape, exclusive C14N (Metro's and WSS4J's)."""
+    info = _children(sig)[0]
+    parts = _children(info)
+    info_prefixes = _exclusive_prefixes(parts[0])
+    if info_prefixes is None:
+        raise faults.security("UnsupportedAlgorithm", "STR-Transform under a SignedInfo not in exclusive C14N")
+    digests = {DIGEST_METHODS[d].href: d for d in policy.digests}
+    tokens = []
+    for el, ref in zip(elements, parts[2:], strict=True):
+        if _str_transformed(ref):
+            tokens.append(str_transform.verify(ref, el, dereference, digests))
+            continue
+        plan = _direct_reference(ref)
+        if plan is None:
+            raise faults.security("UnsupportedAlgorithm", "STR-Transform beside a reference not in exclusive C14N")
+        prefixes, digest, expected = plan
+        if not hmac.compare_digest(c14n.digest(el, prefixes, digest), expected):
+            raise faults.security("FailedCheck", "signature does not verify: a reference's digest does not match")
+    if not _signature_matches(c14n.canonical(info, info_prefixes), key, algorithm, value):
+        raise faults.security("FailedCheck", "signature does not verify: SignatureValue")
+    return tokens
+
+
 def _signature_matches(signed_info: bytes, key: x509.Certificate | bytes, algorithm: str, value: bytes) -> bool:
     """Whether `value` is the signature of the canonical SignedInfo `signed_info` with `key`."""
     if isinstance(key, bytes):
@@ -421,17 +465,22 @@ def verify(
     policy: SignaturePolicy,
     optimizations: Optimizations | None = None,
     parts: attachments.Attachments | None = None,
+    dereference: str_transform.Dereference | None = None,
 ) -> VerifiedSignature:
     """Verify `sig` (a ds:Signature in a wsse:Security header of `env`) with `key`: a certificate for RSA,
     the secret for HMAC. The key comes from the caller, never from the signature's KeyInfo. `optimizations`:
     the route's (None: xmlsec's reference processing). `parts`: the message's attachments, which `cid:`
-    references may name (None: such a reference is refused)."""
+    references may name (None: such a reference is refused). `dereference`: the token an STR-Transform
+    reference's STR names (None: such references are refused); the STR and that token count as signed."""
     security = _security_of(sig, env)
     algorithm, ids, value = _check_signature(sig, key, policy, cid=parts is not None)
     if parts is not None and any(i.startswith("cid:") for i in ids):
         return _verify_with_attachments(sig, env, security, key, algorithm, ids, value, parts)
     index = id_index(env.root)
     elements = _signed_elements(ids, index, env, security, sig)
+    if any(_str_transformed(r) for r in _children(_children(sig)[0])[2:]):
+        tokens = _verify_str_transformed(sig, elements, key, algorithm, value, policy, dereference)
+        return _verified([*elements, *tokens], value, algorithm)
     direct = None
     if optimizations is not None:
         direct = _verify_direct(sig, elements, security, key, algorithm, value, optimizations)

@@ -577,7 +577,9 @@ def _signature(st: _State, sig: etree._Element) -> bool:
             st.out.subject = st.creds.trust.validate(key, [], st.now)
             st.out.signer_certificate = key
             st.out.signer_chain = st.creds.trust.chain(key)
-    verified = signature.verify(sig, st.env, key, st.req.signature, st.creds.optimizations, st.parts)
+    verified = signature.verify(
+        sig, st.env, key, st.req.signature, st.creds.optimizations, st.parts, lambda r: _str_token(st, r)
+    )
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
     _first_sight(st, b"sig:" + verified.signature_value, _replay_ttl(st), replayed)
     st.out.signed.extend(verified.elements)
@@ -588,6 +590,14 @@ def _signature(st: _State, sig: etree._Element) -> bool:
         st.out.symmetric_key = key
         st.out.key_reference = _reply_reference(st, ref, key)
     return False
+
+
+def _str_token(st: _State, str_el: etree._Element) -> etree._Element:
+    """What an STR-Transform reference signs: the header's one SAML assertion, verified before, by identity."""
+    a = st.out.assertion
+    if a is None or not a.named_by(str_el):
+        raise faults.security("InvalidSecurity", "STR-Transform: the STR names no SAML assertion verified before")
+    return a.element
 
 
 def _reply_reference(st: _State, ref: keys.KeyRef, secret: bytes) -> keys.KeyRef:
