@@ -13,8 +13,11 @@ import pytest
 
 from certs import hsm as hsm_mod
 from certs import pki as pki_mod
+from gateway.control.supervisor import free_ports
 from tests.support.harness import GatewayFactory, start_redis, stop
+from tests.support.partner import Wss4jPartner
 from tests.support.postgres import Postgres, remove, start_postgres
+from tests.support.wss4j import Wss4j
 from tests.support.wss_helpers import Keys, with_token_keys
 
 
@@ -133,3 +136,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = [i for i in items if not i.get_closest_marker("compose")]
+
+
+@pytest.fixture(scope="session")
+def wss4j() -> Iterator[Wss4j]:
+    """One Apache WSS4J harness JVM for the session (tests/support/wss4j.py)."""
+    harness = Wss4j()
+    yield harness
+    harness.close()
+
+
+@pytest.fixture(scope="module")
+def partner(wss4j: Wss4j, pki: Path, request: pytest.FixtureRequest) -> Iterator[Wss4jPartner]:
+    """WSS4J as the partner service of outbound routes, serving the module's SERVICES (tests/support/partner.py)."""
+    server = Wss4jPartner(wss4j, pki, request.module.SERVICES)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def listen() -> str:
+    """A free loopback address for an outbound route's listener."""
+    return f"127.0.0.1:{free_ports(1)[0]}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from gateway.control.supervisor import free_ports
 from gateway.tools.wsdl_import import import_wsdl
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.partner import Service, Wss4jPartner, outbound_route, post
-from tests.support.wss4j import WSSE, Wss4j, soap_ns
+from tests.support.wss4j import WSSE, soap_ns
 from tests.support.wss_helpers import DEMO, echo
 
 VERSIONS = ["1.1", "1.2"]
@@ -37,25 +36,6 @@ SERVICES = {
     "/demo/": Service(),  # the imported WSDL's address
 }
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def wss4j() -> Iterator[Wss4j]:
-    harness = Wss4j()
-    yield harness
-    harness.close()
-
-
-@pytest.fixture(scope="module")
-def partner(wss4j: Wss4j, pki: Path) -> Iterator[Wss4jPartner]:
-    server = Wss4jPartner(wss4j, pki, SERVICES)
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def listen() -> str:
-    return f"127.0.0.1:{free_ports(1)[0]}"
 
 
 @pytest.fixture(scope="module")

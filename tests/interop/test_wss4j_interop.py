@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +61,6 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
         route_doc(pki, "hmac", name="username", signature=ADDRESSING, username_token=users, hmac=NO_ANONYMOUS),
         route_doc(pki, "secureconversation", name="sc", signature=ADDRESSING, secureconversation=sc, encryption=SC),
     ]
-
-
-@pytest.fixture(scope="session")
-def wss4j() -> Iterator[Wss4j]:
-    harness = Wss4j()
-    yield harness
-    harness.close()
 
 
 @pytest.fixture(scope="module")

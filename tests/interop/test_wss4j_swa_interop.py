@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,6 @@ NOTE = b"first line\nsecond line\n"
 ACCEPT = {"accept": True, "max_part_bytes": 1024 * 1024}
 ENCRYPTED = {"must_sign": ["*/*"], "encrypted": True, "sign_response": True, "encrypt_response": True}
 SIGNED_CONTENT = {"must_sign": ["*/*"], "headers_signed": False, "sign_response": True}
-
-
-@pytest.fixture(scope="module")
-def wss4j() -> Iterator[Wss4j]:
-    harness = Wss4j()
-    yield harness
-    harness.close()
 
 
 @pytest.fixture(scope="module")

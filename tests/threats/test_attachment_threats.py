@@ -10,7 +10,6 @@ where the route requires it, a ciphertext changed in transit."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,6 @@ from tests.support.wss_helpers import echo, make_route
 PDF = b"%PDF-1.7\n" + bytes(range(256)) * 64
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(reversed(range(256))) * 32
 ALL = {"must_sign": ["*/*"]}
-
-
-@pytest.fixture(scope="module")
-def wss4j() -> Iterator[Wss4j]:
-    harness = Wss4j()
-    yield harness
-    harness.close()
 
 
 def _att(cid: str, mime_type: str, body: bytes, **extra: str) -> dict[str, Any]:

@@ -5,7 +5,6 @@ refusal in the per-route metric. The partner is Apache WSS4J 4.0.1 behind HTTPS 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,10 +12,9 @@ import requests
 from lxml import etree
 
 from filters.engine.outbound import PARTNER_REPLY_UNVERIFIED
-from gateway.control.supervisor import free_ports
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.partner import Service, Wss4jPartner, outbound_route, post
-from tests.support.wss4j import Wss4j, soap_ns
+from tests.support.wss4j import soap_ns
 from tests.support.wss_helpers import echo
 
 VERSIONS = ["1.1", "1.2"]
@@ -28,25 +26,6 @@ SERVICES = {
     "/other/": Service(stem="client2"),  # the demo CA, but not the partner's subject
     "/downgraded/": Service(),  # signs, but does not encrypt
 }
-
-
-@pytest.fixture(scope="module")
-def wss4j() -> Iterator[Wss4j]:
-    harness = Wss4j()
-    yield harness
-    harness.close()
-
-
-@pytest.fixture(scope="module")
-def partner(wss4j: Wss4j, pki: Path) -> Iterator[Wss4jPartner]:
-    server = Wss4jPartner(wss4j, pki, SERVICES)
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def listen() -> str:
-    return f"127.0.0.1:{free_ports(1)[0]}"
 
 
 @pytest.fixture(scope="module")
