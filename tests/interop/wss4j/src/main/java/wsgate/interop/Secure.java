@@ -21,6 +21,7 @@ import org.apache.wss4j.dom.WSConstants;
 import org.apache.wss4j.dom.engine.WSSConfig;
 import org.apache.wss4j.dom.message.WSSecDKEncrypt;
 import org.apache.wss4j.dom.message.WSSecDKSign;
+import org.apache.wss4j.dom.message.WSSecDerivedKeyBase;
 import org.apache.wss4j.dom.message.WSSecEncrypt;
 import org.apache.wss4j.dom.message.WSSecEncryptedKey;
 import org.apache.wss4j.dom.message.WSSecHeader;
@@ -145,20 +146,25 @@ final class Secure {
         sctId = sct.getSctId();
     }
 
+    /** A derived key from the context: the SecurityContextToken in the header, else its identifier. */
+    private void fromContext(WSSecDerivedKeyBase dk) {
+        dk.setWscVersion(ConversationConstants.VERSION_05_12);
+        dk.setCustomValueType(WSConstants.WSC_SCT_05_12);
+        if (sctId != null) {
+            dk.setTokenIdentifier(sctId);
+        } else {
+            dk.setTokenIdDirectId(true);
+            dk.setTokenIdentifier(sctIdentifier);
+        }
+    }
+
     private void sign(JsonObject step) throws Exception {
         String with = step.get("with").getAsString();
         List<WSEncryptionPart> parts = parts(step);
         String digest = Algorithms.digest(str(step, "digest", "sha256"));
         if ("sct".equals(with)) {
             WSSecDKSign dk = new WSSecDKSign(header);
-            dk.setWscVersion(ConversationConstants.VERSION_05_12);
-            dk.setCustomValueType(WSConstants.WSC_SCT_05_12);
-            if (sctId != null) {
-                dk.setTokenIdentifier(sctId);
-            } else {
-                dk.setTokenIdDirectId(true);
-                dk.setTokenIdentifier(sctIdentifier);
-            }
+            fromContext(dk);
             dk.setSignatureAlgorithm(Algorithms.signature(str(step, "algorithm", "hmac-sha256")));
             dk.setDigestAlgorithm(digest);
             dk.setDerivedKeyLength(32);
@@ -227,14 +233,7 @@ final class Secure {
         if ("sct".equals(with)) {
             // A key derived from the context's secret (CXF's SecureConversation with RequireDerivedKeys).
             WSSecDKEncrypt dk = new WSSecDKEncrypt(header);
-            dk.setWscVersion(ConversationConstants.VERSION_05_12);
-            dk.setCustomValueType(WSConstants.WSC_SCT_05_12);
-            if (sctId != null) {
-                dk.setTokenIdentifier(sctId);
-            } else {
-                dk.setTokenIdDirectId(true);
-                dk.setTokenIdentifier(sctIdentifier);
-            }
+            fromContext(dk);
             dk.setSymmetricEncAlgorithm(enc.getSymmetricEncAlgorithm());
             dk.setDerivedKeyLength(32);
             dk.getParts().addAll(enc.getParts());
