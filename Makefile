@@ -12,8 +12,11 @@ PYLIB = $$($(CURDIR)/$(BIN)/python -c 'import sysconfig; print(sysconfig.get_con
 
 .PHONY: run run-hsm test test-compose test-fast lint format check render certs clean bench soak load wss4j metro ratelimit jaeger
 
+# xds-protos (the tests' Envoy config types) ships an older copy of opentelemetry-proto's modules in the same
+# package path; whichever installs last wins. The tracer needs opentelemetry-proto's own: reinstalled last.
 $(STAMP): pyproject.toml $(FRAME_STAMP)
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --force-reinstall --no-deps "$$(grep -o 'opentelemetry-proto==[0-9.]*' pyproject.toml)"
 	touch $(STAMP)
 
 # Release build, pinned by Cargo.lock; rebuilt when the crate changes.
