@@ -337,12 +337,7 @@ def _read2(el: etree._Element) -> _Fields:
             one_time = True
         elif c.tag != _s2("ProxyRestriction"):
             raise invalid(f"unknown condition {name[:80]}")  # SAML: an unknown condition is Indeterminate
-    attributes: dict[str, list[str]] = {}
-    for a in el.iter(_s2("Attribute")):
-        name = a.get("Name") or ""
-        if name in attributes:
-            raise invalid(f"attribute {name[:80]!r} twice")
-        attributes[name] = [_text(v, "AttributeValue") for v in a.iterchildren(_s2("AttributeValue"))]
+    attributes = _attributes(el, _s2, "Name")
     return _Fields(
         subject=_text(name_ids[0], "NameID"),
         confirmations=confirmations,
@@ -354,6 +349,17 @@ def _read2(el: etree._Element) -> _Fields:
         audiences=audiences,
         one_time_use=one_time,
     )  # fmt: skip
+
+
+def _attributes(el: etree._Element, tag: Callable[[str], str], name_attribute: str) -> dict[str, list[str]]:
+    """The assertion's attributes by name (SAML 2.0 Name, 1.1 AttributeName), each name once."""
+    attributes: dict[str, list[str]] = {}
+    for a in el.iter(tag("Attribute")):
+        name = a.get(name_attribute) or ""
+        if name in attributes:
+            raise invalid(f"attribute {name[:80]!r} twice")
+        attributes[name] = [_text(v, "AttributeValue") for v in a.iterchildren(tag("AttributeValue"))]
+    return attributes
 
 
 def _read1(el: etree._Element) -> _Fields:
@@ -389,12 +395,7 @@ def _read1(el: etree._Element) -> _Fields:
             one_time = True
         else:
             raise invalid(f"unknown condition {etree.QName(c).localname[:80]}")
-    attributes: dict[str, list[str]] = {}
-    for a in el.iter(_s1("Attribute")):
-        name = a.get("AttributeName") or ""
-        if name in attributes:
-            raise invalid(f"attribute {name[:80]!r} twice")
-        attributes[name] = [_text(v, "AttributeValue") for v in a.iterchildren(_s1("AttributeValue"))]
+    attributes = _attributes(el, _s1, "AttributeName")
     return _Fields(
         subject=_text(name_id, "NameIdentifier"),
         confirmations=confirmations,
