@@ -2,12 +2,14 @@
 (tests/support/partner.py: WSS4J's WSSecurityEngine processes each request, BSP enforcement on; WSS4J's builders
 secure the reply), behind HTTPS on loopback. The internal application (plain requests, and zeep from the demo
 WSDL) sends plain SOAP to the outbound listener; the gateway secures it for the partner and hands back the
-partner's reply as plain SOAP once verified. Every outbound profile, SOAP 1.1 and 1.2."""
+partner's reply as plain SOAP once verified. Every outbound profile, SOAP 1.1 and 1.2; for secureconversation
+WSS4J is the partner's STS too (the context's secret computed by WSS4J's P_SHA1)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from gateway.control.supervisor import free_ports
 from gateway.tools.wsdl_import import import_wsdl
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.partner import Service, Wss4jPartner, outbound_route, post
-from tests.support.wss4j import WSSE, soap_ns
+from tests.support.wss4j import WSSE, Wss4jError, soap_ns
 from tests.support.wss_helpers import DEMO, echo
 
 VERSIONS = ["1.1", "1.2"]
@@ -34,8 +36,18 @@ SERVICES = {
     "/username/": Service(users={"bob": "bob-demo-password"}),
     "/username-text/": Service(users={"bob": "bob-demo-password"}),
     "/demo/": Service(),  # the imported WSDL's address
+    "/sc/": Service(sign="sct", encrypt_reply=True),
+    "/sc-sts/": Service(sts=True, encrypt_reply=True),
 }
+ENCRYPTED = {"require_request": True, "encrypt_response": True}
 REPO = Path(__file__).resolve().parents[2]
+
+
+def sc_route(pki: Path, partner: Wss4jPartner, listen: str) -> dict[str, Any]:
+    """secureconversation with the partner's STS at /sc-sts/, requests and replies encrypted; the context is
+    shared by the workers through the gateway's Redis (and cancelled from there when the gateway stops)."""
+    return outbound_route(pki, "secureconversation", "sc", partner, listen, encryption=ENCRYPTED,
+                          outbound={"sts_path": "/sc-sts/"}, replay={"store": "auto"})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +56,9 @@ def gw(
 ) -> LiveGateway:
     creds = tmp_path_factory.mktemp("outbound") / "partner-credentials.yaml"
     creds.write_text(yaml.safe_dump({"username": "bob", "password": "bob-demo-password"}))
-    encrypted = {"require_request": True, "encrypt_response": True}
     routes = [
         outbound_route(pki, "rsa", "rsa", partner, listen),
-        outbound_route(pki, "rsa", "rsa-encrypted", partner, listen, encryption=encrypted),
+        outbound_route(pki, "rsa", "rsa-encrypted", partner, listen, encryption=ENCRYPTED),
         outbound_route(pki, "hmac", "psk", partner, listen, outbound={"key_name": "demo-client"}),
         outbound_route(pki, "hmac", "encrypted-key", partner, listen, encryption={"require_request": True}),
         outbound_route(
@@ -68,6 +79,7 @@ def gw(
             outbound={"credentials_file": str(creds), "password_type": "text"},
             username_token={"protection": "encrypted"},
         ),
+        sc_route(pki, partner, listen),
     ]
     return module_gateway(routes, metrics=True)
 
@@ -212,3 +224,55 @@ def test_outbound_import_serves_the_partners_wsdl_without_its_policy_and_zeep_ca
     assert client.service.echo(text="imported") == "imported"
     got = partner.verified[-1]
     assert "Signature" in got["actions"] and "Timestamp" in got["actions"]
+
+
+def sts_calls(partner: Wss4jPartner) -> int:
+    return sum(p.startswith("/sc-sts/") for p in partner.paths)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_outbound_secure_conversation_context_issued_by_wss4j_signs_and_encrypts_with_derived_keys(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+) -> None:
+    """The gateway's signed Issue is verified by WSS4J, which computes the context's secret (P_SHA1 of both
+    entropies); the request is signed and encrypted with keys derived from it, WSS4J's reply too."""
+    text = f"sc-{version}"
+    resp = post(listen, "/sc/echo", echo(text, version), version)
+    assert plain_text(resp, version) == text, partner.refused
+    assert partner.refused == []
+    got = partner.verified[-1]
+    assert "DerivedKeyToken" in got["actions"] and f"{{{soap_ns(version)}}}Body" in got["decrypted"]
+    assert set(got["derived_from"]) <= set(partner.issued) and got["derived_from"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_outbound_secure_conversation_one_issue_to_wss4j_for_many_calls(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+) -> None:
+    """One context for many calls: the partner's STS sees no Issue after the first call, every call uses the one
+    context (and the metric counts one Issue)."""
+    assert plain_text(post(listen, "/sc/echo", echo("first", version), version), version) == "first"
+    partner.reset()
+    for i in range(4):
+        assert plain_text(post(listen, "/sc/echo", echo(f"call-{i}", version), version), version) == f"call-{i}"
+    assert sts_calls(partner) == 0 and len(partner.paths) == 4
+    assert len({c for got in partner.verified for c in got["derived_from"]}) == 1
+    metrics = "".join(requests.get(u, timeout=5).text for u in gw.metrics_urls())
+    issued = re.findall(r'^wsgate_outbound_context_issues_total\{route="sc"\} (\S+)$', metrics, re.M)
+    assert sum(float(v) for v in issued) == 1
+
+
+def test_outbound_secure_conversation_context_cancelled_with_wss4j_when_the_gateway_stops(
+    gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, wss4j: Any
+) -> None:
+    """On shutdown the gateway sends a Cancel signed with the context's derived keys; WSS4J verifies it, the
+    partner forgets the context, and a message secured with it is refused from then on."""
+    listen = f"127.0.0.1:{free_ports(1)[0]}"
+    gw = gateway([sc_route(pki, partner, listen)])
+    assert plain_text(post(listen, "/sc/echo", echo("before stop"), "1.1"), "1.1") == "before stop"
+    [context] = set(partner.verified[-1]["derived_from"])  # two derived keys (sign, encrypt), one context
+    gw.stop()
+    assert partner.cancelled[-1] == context and sts_calls(partner) == 2  # the Issue, then the Cancel
+    step = [{"do": "sct", "identifier": context, "in_header": False}, {"do": "sign", "with": "sct", "parts": []}]
+    with pytest.raises(Wss4jError, match="no secret"):
+        wss4j.secure(echo("after stop"), step)

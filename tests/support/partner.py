@@ -2,13 +2,21 @@
 session's harness process, tests/support/wss4j.py) behind a real HTTPS server on loopback. Each request's Security
 header is processed by WSS4J's WSSecurityEngine (BSP enforcement on); the reply is an echoResponse secured by
 WSS4J's WSSec* builders, as the path's `Service` says. Tests may alter what goes back (`tamper`, `replay_next`,
-`unsecured`) to play a hostile or broken partner."""
+`unsecured`, `sct_override`) to play a hostile or broken partner.
+
+For `secureconversation` the partner has an STS path (`Service(sts=True)`): WSS4J verifies the signed WS-Trust
+Issue, WSS4J's P_SHA1 computes the context's secret from both parties' entropy (ComputedKey; the secret stays in
+the JVM), and the RSTR (built here) goes back signed by the partner and encrypted to the gateway; a Cancel signed
+with the context's derived keys ends it. Its service paths (`Service(sign="sct")`) take requests secured with
+keys derived from a context it issued and answer with keys derived from the same context."""
 
 from __future__ import annotations
 
 import ssl
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
@@ -18,25 +26,36 @@ import yaml
 from lxml import etree
 
 from tests.support.harness import LoopbackHttp
-from tests.support.wss4j import Wss4j, Wss4jError, part, signed_parts, soap_ns, x509_sign
+from tests.support.wss4j import WSU, Wss4j, Wss4jError, part, signed_parts, soap_ns, x509_sign
 from tests.support.wss_helpers import DEMO, route_doc
 
 # How the gateway names a pre-shared key (WSS4J writes it with CUSTOM_SYMM_SIGNING and this ValueType).
 PRE_SHARED_KEY = "urn:wsgate:ws-security:PreSharedKey"
 PARTNER_STEM = "client"  # the partner's own key and certificate in the demo PKI: CN=Demo Client
 PARTNER_SUBJECT = "CN=Demo Client,O=WSGate Demo"
+# WS-Trust 1.3 and WS-SecureConversation 1.3 (what the gateway asks for).
+WST = "http://docs.oasis-open.org/ws-sx/ws-trust/200512"
+WSC = "http://docs.oasis-open.org/ws-sx/ws-secureconversation/200512"
+WSSE = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-wssecurity-secext-1.0.xsd"
+CONTEXT_LIFETIME = timedelta(hours=1)
 
 
 @dataclass
 class Service:
-    """What the partner does on one path: how it signs its reply (`x509` with the key `stem`, `psk`, or
-    `received`: the key the request sent in an EncryptedKey, named by its EncryptedKeySHA1),
-    whether it encrypts the reply to the gateway, the UsernameToken passwords it knows."""
+    """What the partner does on one path: how it signs its reply (`x509` with the key `stem`, `psk`,
+    `received`: the key the request sent in an EncryptedKey, named by its EncryptedKeySHA1, or `sct`: a key derived
+    from the request's context, which must be one the partner issued), whether it encrypts the reply to the gateway
+    (`sct`: with a derived key), the UsernameToken passwords it knows; `sts`: the path is the partner's STS."""
 
     sign: str = "x509"
     stem: str = PARTNER_STEM
     encrypt_reply: bool = False
     users: dict[str, str] = field(default_factory=dict)
+    sts: bool = False
+
+
+class Refused(Exception):
+    """WSS4J took the message, but what it proved is not what the path requires."""
 
 
 class Wss4jPartner(LoopbackHttp):
@@ -53,14 +72,18 @@ class Wss4jPartner(LoopbackHttp):
         self.tamper: Callable[[bytes], bytes] | None = None
         self.unsecured = False  # answer plain SOAP
         self.replay_next = False  # answer the previous reply again
+        self.sct_override: dict[str, str] = {}  # the reply's context: another "identifier", or "key" (secret)
         self.last_reply = b""
+        self.issued: list[str] = []  # contexts issued, by Identifier (their secrets are in the JVM)
+        self.cancelled: list[str] = []
         super().__init__(tls=context)
 
     def reset(self) -> None:
         self.verified.clear()
         self.refused.clear()
         self.headers.clear()
-        self.tamper, self.unsecured, self.replay_next = None, False, False
+        self.paths.clear()
+        self.tamper, self.unsecured, self.replay_next, self.sct_override = None, False, False, {}
 
     def respond(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
         service = next(s for prefix, s in self.services.items() if path.startswith(prefix))
@@ -71,7 +94,10 @@ class Wss4jPartner(LoopbackHttp):
             got = self.wss4j.verify(body, trust=[str(self.pki / "ca.pem")], key=str(self.pki / f"{PARTNER_STEM}.key"),
                                     cert=str(self.pki / f"{PARTNER_STEM}.pem"), secrets={"demo-client": self.psk},
                                     users=service.users)  # fmt: skip
-        except Wss4jError as exc:
+            if service.sts:
+                return 200, ctype, self.sts(got, version, service)
+            context = self.context_of(got) if service.sign == "sct" else None
+        except (Wss4jError, Refused) as exc:
             self.refused.append(str(exc))
             return 500, ctype, fault(version)
         self.verified.append(got)
@@ -80,14 +106,69 @@ class Wss4jPartner(LoopbackHttp):
             return 200, ctype, self.last_reply
         reply = echo_response(text, version)
         if not self.unsecured:
-            reply = self.wss4j.secure(reply, self.steps(service, version, got))["xml"].encode()
+            reply = self.wss4j.secure(reply, self.steps(service, version, got, context))["xml"].encode()
         if self.tamper is not None:
             reply = self.tamper(reply)
         self.last_reply = reply
         return 200, ctype, reply
 
-    def steps(self, service: Service, version: str, got: dict[str, Any]) -> list[dict[str, Any]]:
+    def context_of(self, got: dict[str, Any]) -> str:
+        """The context whose derived key signed the Body (WSS4J found its secret, so it is one we issued)."""
+        contexts = set(got["derived_from"]) & set(self.issued)
+        if len(contexts) != 1 or not any(name.endswith("}Body") for name in got["signed"]):
+            raise Refused(f"Body not signed with a key derived from one context we issued: {got['derived_from']}")
+        return contexts.pop()
+
+    def sts(self, got: dict[str, Any], version: str, service: Service) -> bytes:
+        """WS-Trust Issue (authenticated by WSS4J: an X.509 signature, from the demo CA, over Body and Timestamp)
+        or Cancel (signed with a key derived from the context it cancels): the RSTR, secured by WSS4J."""
+        self.verified.append(got)
+        rst = etree.fromstring(got["xml"].encode()).find(f".//{{{WST}}}RequestSecurityToken")
+        if rst is None:
+            raise Refused("no RequestSecurityToken")
+        request_type = rst.findtext(f"{{{WST}}}RequestType")
+        if request_type == f"{WST}/Cancel":
+            context = self.context_of(got)
+            target = rst.find(f"{{{WST}}}CancelTarget/{{{WSSE}}}SecurityTokenReference/{{{WSSE}}}Reference")
+            if target is None or target.get("URI") != context:
+                raise Refused("Cancel of a context the request is not signed with")
+            rstr = f"<wst:RequestSecurityTokenResponse {WST_NS}><wst:RequestedTokenCancelled/>"
+            reply = self.wss4j.secure(envelope(version, rstr + "</wst:RequestSecurityTokenResponse>"),
+                                      self.steps(service, version, got, context))["xml"].encode()  # fmt: skip
+            self.wss4j.sc_cancel(context)
+            self.cancelled.append(context)
+            return reply
+        signed = set(got["signed"])
+        if request_type != f"{WST}/Issue" or "signer" not in got or not {f"{{{WSU}}}Timestamp"} <= signed:
+            raise Refused(f"{request_type}: not an Issue with an X.509-signed Timestamp")
+        if f"{{{soap_ns(version)}}}Body" not in signed:
+            raise Refused("Issue whose Body is not signed")
+        entropy = rst.findtext(f"{{{WST}}}Entropy/{{{WST}}}BinarySecret")
+        if not entropy:
+            raise Refused("Issue without requestor entropy (this STS computes keys: ComputedKey P_SHA1)")
+        bits = int(rst.findtext(f"{{{WST}}}KeySize") or 256)
+        identifier = f"urn:uuid:{uuid.uuid4()}"
+        issued = self.wss4j.sc_issue(identifier, entropy, bits)
+        self.issued.append(identifier)
+        steps = [{"do": "timestamp"}, x509_sign(self.pki, signed_parts(version, addressing=False), stem=service.stem)]
+        if service.encrypt_reply:
+            steps.append({"do": "encrypt", "with": "x509", "cert": str(self.pki / "gateway-enc.pem"),
+                          "parts": [part("Body", soap_ns(version), "Content")]})  # fmt: skip
+        body = issue_rstr(identifier, issued["entropy"], bits, datetime.now(UTC))
+        return self.wss4j.secure(envelope(version, body), steps)["xml"].encode()
+
+    def steps(
+        self, service: Service, version: str, got: dict[str, Any], context: str | None = None
+    ) -> list[dict[str, Any]]:
         parts = signed_parts(version, addressing=False)
+        body = [part("Body", soap_ns(version), "Content")]
+        if service.sign == "sct":
+            # Keys derived from the request's context, named by its Identifier (no SCT in the header).
+            sct = {"do": "sct", "identifier": context, "in_header": False, **self.sct_override}
+            steps = [{"do": "timestamp"}, sct, {"do": "sign", "with": "sct", "parts": parts}]
+            if service.encrypt_reply:
+                steps.append({"do": "encrypt", "with": "sct", "parts": body})
+            return steps
         if service.sign == "received":
             sign = {"do": "sign", "with": "received", "encrypted_key_sha1": got["encrypted_key_sha1"], "parts": parts}
         elif service.sign == "psk":
@@ -107,6 +188,36 @@ def echo_response(text: str, version: str) -> bytes:
         f'<soap:Envelope xmlns:soap="{soap_ns(version)}"><soap:Body><d:echoResponse xmlns:d="{DEMO}">'
         f"<d:text>{escape(text)}</d:text></d:echoResponse></soap:Body></soap:Envelope>"
     ).encode()
+
+
+WST_NS = f'xmlns:wst="{WST}"'
+
+
+def envelope(version: str, body: str) -> bytes:
+    return f'<soap:Envelope xmlns:soap="{soap_ns(version)}"><soap:Body>{body}</soap:Body></soap:Envelope>'.encode()
+
+
+def issue_rstr(identifier: str, issuer_entropy: str, bits: int, now: datetime) -> str:
+    """WS-Trust 1.3's answer to an Issue (a collection of one RSTR): the SCT, references to it, the proof as a
+    ComputedKey (P_SHA1 of both entropies) with the issuer's entropy, the context's lifetime."""
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    sct = f'<wsc:SecurityContextToken wsu:Id="sct-1"><wsc:Identifier>{identifier}</wsc:Identifier></wsc:SecurityContextToken>'
+    ref = (
+        f'<wsse:SecurityTokenReference><wsse:Reference URI="{{}}" ValueType="{WSC}/sct"/></wsse:SecurityTokenReference>'
+    )
+    return (
+        f'<wst:RequestSecurityTokenResponseCollection {WST_NS} xmlns:wsc="{WSC}" xmlns:wsse="{WSSE}" '
+        f'xmlns:wsu="{WSU}"><wst:RequestSecurityTokenResponse>'
+        f"<wst:TokenType>{WSC}/sct</wst:TokenType><wst:RequestedSecurityToken>{sct}</wst:RequestedSecurityToken>"
+        f"<wst:RequestedAttachedReference>{ref.format('#sct-1')}</wst:RequestedAttachedReference>"
+        f"<wst:RequestedUnattachedReference>{ref.format(identifier)}</wst:RequestedUnattachedReference>"
+        f"<wst:RequestedProofToken><wst:ComputedKey>{WST}/CK/PSHA1</wst:ComputedKey></wst:RequestedProofToken>"
+        f'<wst:Entropy><wst:BinarySecret Type="{WST}/Nonce">{issuer_entropy}</wst:BinarySecret></wst:Entropy>'
+        f"<wst:Lifetime><wsu:Created>{now.strftime(stamp)}</wsu:Created>"
+        f"<wsu:Expires>{(now + CONTEXT_LIFETIME).strftime(stamp)}</wsu:Expires></wst:Lifetime>"
+        f"<wst:KeySize>{bits}</wst:KeySize></wst:RequestSecurityTokenResponse>"
+        "</wst:RequestSecurityTokenResponseCollection>"
+    )
 
 
 def fault(version: str) -> bytes:

@@ -46,6 +46,14 @@ class Wss4j(JsonLineProcess):
     def verify(self, xml: bytes, **params: Any) -> dict[str, Any]:
         return self.call("verify", xml=xml.decode(), **params)
 
+    def sc_issue(self, identifier: str, entropy: str, key_bits: int) -> dict[str, Any]:
+        """A context's secret, WS-Trust's ComputedKey: WSS4J's P_SHA1 of the requestor's `entropy` (base64) and
+        fresh issuer entropy (the answer's "entropy"). The secret stays in the JVM, under `identifier`."""
+        return self.call("sc_issue", identifier=identifier, entropy=entropy, key_bits=key_bits)
+
+    def sc_cancel(self, identifier: str) -> None:
+        self.call("sc_cancel", identifier=identifier)
+
 
 def part(local: str, namespace: str, modifier: str = "Element") -> str:
     """A WSS4J part name: {Element|Content}{namespace}localName."""

@@ -13,7 +13,8 @@ import org.apache.wss4j.dom.engine.WSSConfig;
 
 /**
  * A real, unmodified Apache WSS4J 4.0.1 (DOM API) behind JSON lines: one request object per line on stdin, one
- * answer object per line on stdout. {"op": "secure" | "verify" | "bench" | "ping", ...} -> {"ok": true, ...} or
+ * answer object per line on stdout. {"op": "secure" | "verify" | "sc_issue" | "sc_cancel" |
+ * "bench" | "ping", ...} -> {"ok": true, ...} or
  * {"ok": false, "error": "..."} (WSS4J's own error text). One process serves a whole pytest session.
  */
 public final class Harness {
@@ -42,6 +43,8 @@ public final class Harness {
                     case "secure" -> new Secure(req, secrets).run();
                     case "verify" -> new Verify(req, secrets).run();
                     case "bench" -> new Bench(req, secrets).run();
+                    case "sc_issue" -> new Conversation(req, secrets).issue();
+                    case "sc_cancel" -> new Conversation(req, secrets).cancel();
                     default -> throw new IllegalArgumentException("unknown op " + op);
                 };
                 answer.addProperty("ok", true);

@@ -23,6 +23,10 @@ final class Secrets implements CallbackHandler {
         keys.put(identifier, secret);
     }
 
+    void remove(String identifier) {
+        keys.remove(identifier);
+    }
+
     byte[] get(String identifier) {
         byte[] key = keys.get(identifier);
         if (key == null) {

@@ -130,11 +130,18 @@ final class Secure {
             HexFormat.of().formatHex(MessageDigest.getInstance("SHA-256").digest(raw)));
     }
 
-    /** The context's SecurityContextToken in the header (CXF's IncludeToken AlwaysToRecipient). */
+    /** The context (its secret given, or one `sc_issue` made) and its SecurityContextToken in the header (CXF's
+     * IncludeToken AlwaysToRecipient) unless "in_header": false. */
     private void sct(JsonObject step) throws Exception {
         sctIdentifier = step.get("identifier").getAsString();
-        sctSecret = Base64.getDecoder().decode(step.get("secret").getAsString());
-        secrets.put(sctIdentifier, sctSecret);
+        if (step.has("secret")) {
+            sctSecret = Base64.getDecoder().decode(step.get("secret").getAsString());
+            secrets.put(sctIdentifier, sctSecret);
+        } else {
+            // A context this JVM issued (Conversation): its secret never left. "key": another context's secret
+            // under this one's name (a partner deriving from the wrong context).
+            sctSecret = secrets.get(str(step, "key", sctIdentifier));
+        }
         if (step.has("in_header") && !step.get("in_header").getAsBoolean()) {
             return;
         }

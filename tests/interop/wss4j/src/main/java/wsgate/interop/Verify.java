@@ -10,6 +10,7 @@ import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
 import javax.xml.namespace.QName;
+import org.apache.wss4j.common.token.Reference;
 import org.apache.wss4j.dom.WSConstants;
 import org.apache.wss4j.dom.WSDataRef;
 import org.apache.wss4j.dom.engine.WSSConfig;
@@ -17,13 +18,14 @@ import org.apache.wss4j.dom.engine.WSSecurityEngine;
 import org.apache.wss4j.dom.engine.WSSecurityEngineResult;
 import org.apache.wss4j.dom.handler.RequestData;
 import org.apache.wss4j.dom.handler.WSHandlerResult;
+import org.apache.wss4j.dom.message.token.DerivedKeyToken;
 import org.w3c.dom.Document;
 
 /**
  * `verify`: WSS4J's WSSecurityEngine over a secured message, Basic Security Profile enforcement on (WSS4J's
  * default) unless "bsp": false. {"xml", "trust": [CA PEM], "key"/"cert": who decrypts, "secrets": {identifier:
  * base64}, "users": {name: password}, "attachments": [...] (Attachments.java)} -> what was signed (by whom, with which
- * key), what was decrypted, and the processed envelope.
+ * key), what was decrypted, the contexts derived keys came from, and the processed envelope.
  */
 final class Verify {
     private static final Map<Integer, String> ACTIONS = Map.of(
@@ -74,6 +76,7 @@ final class Verify {
         JsonArray actions = new JsonArray();
         JsonArray signed = new JsonArray();
         JsonArray decrypted = new JsonArray();
+        JsonArray derivedFrom = new JsonArray();
         for (WSSecurityEngineResult r : result.getResults()) {
             int action = (Integer) r.get(WSSecurityEngineResult.TAG_ACTION);
             actions.add(ACTIONS.getOrDefault(action, Integer.toString(action)));
@@ -91,6 +94,13 @@ final class Verify {
                     answer.addProperty("signature_key_sha256",
                         HexFormat.of().formatHex(MessageDigest.getInstance("SHA-256").digest(secret)));
                 }
+            } else if (action == WSConstants.DKT) {
+                // The context (or token) a derived key came from, as its SecurityTokenReference names it.
+                DerivedKeyToken dkt = (DerivedKeyToken) r.get(WSSecurityEngineResult.TAG_DERIVED_KEY_TOKEN);
+                Reference ref = dkt.getSecurityTokenReference().getReference();
+                if (ref != null) {
+                    derivedFrom.add(ref.getURI());
+                }
             } else if (action == WSConstants.ENCR) {
                 names(r, decrypted);
                 byte[] ephemeral = (byte[]) r.get(WSSecurityEngineResult.TAG_ENCRYPTED_EPHEMERAL_KEY);
@@ -107,6 +117,7 @@ final class Verify {
         answer.add("actions", actions);
         answer.add("signed", signed);
         answer.add("decrypted", decrypted);
+        answer.add("derived_from", derivedFrom);
         answer.addProperty("xml", Xml.serialize(doc));
         JsonArray parts = attachments.toJson();
         if (!parts.isEmpty()) {
