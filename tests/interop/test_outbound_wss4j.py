@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ from lxml import etree
 from gateway.control.supervisor import free_ports
 from gateway.tools.wsdl_import import import_wsdl
 from tests.support.harness import GatewayFactory, LiveGateway
-from tests.support.partner import Service, Wss4jPartner, outbound_route, post
-from tests.support.wss4j import WSSE, Wss4jError, soap_ns
+from tests.support.partner import ENCRYPTED, SC_SERVICES, Service, Wss4jPartner, outbound_route, post, sc_outbound_route
+from tests.support.wss4j import WSSE, Wss4j, Wss4jError, soap_ns
 from tests.support.wss_helpers import DEMO, echo
 
 VERSIONS = ["1.1", "1.2"]
@@ -36,18 +37,9 @@ SERVICES = {
     "/username/": Service(users={"bob": "bob-demo-password"}),
     "/username-text/": Service(users={"bob": "bob-demo-password"}),
     "/demo/": Service(),  # the imported WSDL's address
-    "/sc/": Service(sign="sct", encrypt_reply=True),
-    "/sc-sts/": Service(sts=True, encrypt_reply=True),
+    **SC_SERVICES,
 }
-ENCRYPTED = {"require_request": True, "encrypt_response": True}
 REPO = Path(__file__).resolve().parents[2]
-
-
-def sc_route(pki: Path, partner: Wss4jPartner, listen: str) -> dict[str, Any]:
-    """secureconversation with the partner's STS at /sc-sts/, requests and replies encrypted; the context is
-    shared by the workers through the gateway's Redis (and cancelled from there when the gateway stops)."""
-    return outbound_route(pki, "secureconversation", "sc", partner, listen, encryption=ENCRYPTED,
-                          outbound={"sts_path": "/sc-sts/"}, replay={"store": "auto"})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +71,7 @@ def gw(
             outbound={"credentials_file": str(creds), "password_type": "text"},
             username_token={"protection": "encrypted"},
         ),
-        sc_route(pki, partner, listen),
+        sc_outbound_route(pki, partner, listen),
     ]
     return module_gateway(routes, metrics=True)
 
@@ -263,16 +255,19 @@ def test_outbound_secure_conversation_one_issue_to_wss4j_for_many_calls(
 
 
 def test_outbound_secure_conversation_context_cancelled_with_wss4j_when_the_gateway_stops(
-    gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, wss4j: Any
+    gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, wss4j: Wss4j, caplog: pytest.LogCaptureFixture
 ) -> None:
     """On shutdown the gateway sends a Cancel signed with the context's derived keys; WSS4J verifies it, the
-    partner forgets the context, and a message secured with it is refused from then on."""
+    partner forgets the context (its secret is gone from WSS4J's keys: nothing derived from it verifies any more)
+    and answers with the context's keys, which the gateway verifies."""
     listen = f"127.0.0.1:{free_ports(1)[0]}"
-    gw = gateway([sc_route(pki, partner, listen)])
+    gw = gateway([sc_outbound_route(pki, partner, listen)])
     assert plain_text(post(listen, "/sc/echo", echo("before stop"), "1.1"), "1.1") == "before stop"
     [context] = set(partner.verified[-1]["derived_from"])  # two derived keys (sign, encrypt), one context
-    gw.stop()
-    assert partner.cancelled[-1] == context and sts_calls(partner) == 2  # the Issue, then the Cancel
+    with caplog.at_level(logging.INFO, logger="wsgate.up"):
+        gw.stop()
+    assert partner.cancelled[-1:] == [context] and sts_calls(partner) == 2  # the Issue, then the Cancel
+    assert "route sc: the context with the partner is cancelled" in caplog.text
     step = [{"do": "sct", "identifier": context, "in_header": False}, {"do": "sign", "with": "sct", "parts": []}]
     with pytest.raises(Wss4jError, match="no secret"):
         wss4j.secure(echo("after stop"), step)

@@ -241,6 +241,18 @@ def outbound_route(
     return doc
 
 
+ENCRYPTED = {"require_request": True, "encrypt_response": True}
+SC_SERVICES = {"/sc/": Service(sign="sct", encrypt_reply=True), "/sc-sts/": Service(sts=True, encrypt_reply=True)}
+
+
+def sc_outbound_route(pki: Path, partner: Wss4jPartner, listen: str) -> dict[str, Any]:
+    """secureconversation to SC_SERVICES: the partner's STS at /sc-sts/, requests and replies encrypted with
+    derived keys; the context shared by the workers through the gateway's Redis (and cancelled from there when
+    the gateway stops)."""
+    return outbound_route(pki, "secureconversation", "sc", partner, listen, encryption=ENCRYPTED,
+                          outbound={"sts_path": "/sc-sts/"}, replay={"store": "auto"})  # fmt: skip
+
+
 def post(listen: str, path: str, body: bytes, version: str = "1.1", **headers: str) -> requests.Response:
     """What an internal application sends: plain SOAP to the outbound listener."""
     ctype = "application/soap+xml; charset=utf-8" if version == "1.2" else "text/xml; charset=utf-8"

@@ -1,10 +1,14 @@
 """Partner replies on an outbound route that must never reach the internal application: tampered after signing,
 replayed, unsigned, signed by an untrusted or a wrong certificate. Each is refused with a SOAP fault of the
 request's version saying the partner's reply could not be verified (502), the reason in the worker's log and the
-refusal in the per-route metric. The partner is Apache WSS4J 4.0.1 behind HTTPS (tests/support/partner.py)."""
+refusal in the per-route metric. The partner is Apache WSS4J 4.0.1 behind HTTPS (tests/support/partner.py), its
+STS too for secureconversation: a reply secured with keys derived from another context is refused as well."""
 
 from __future__ import annotations
 
+import base64
+import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,8 +17,8 @@ from lxml import etree
 
 from filters.engine.outbound import PARTNER_REPLY_UNVERIFIED
 from tests.support.harness import GatewayFactory, LiveGateway
-from tests.support.partner import Service, Wss4jPartner, outbound_route, post
-from tests.support.wss4j import soap_ns
+from tests.support.partner import SC_SERVICES, Service, Wss4jPartner, outbound_route, post, sc_outbound_route
+from tests.support.wss4j import WSU, soap_ns
 from tests.support.wss_helpers import echo
 
 VERSIONS = ["1.1", "1.2"]
@@ -25,6 +29,7 @@ SERVICES = {
     "/rogue/": Service(stem="rogue"),  # CN=Demo Client, issued by another CA
     "/other/": Service(stem="client2"),  # the demo CA, but not the partner's subject
     "/downgraded/": Service(),  # signs, but does not encrypt
+    **SC_SERVICES,
 }
 
 
@@ -39,6 +44,7 @@ def gw(module_gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, listen:
         outbound_route(pki, "rsa", "rogue", partner, listen, **shared),
         outbound_route(pki, "rsa", "other", partner, listen, **shared),
         outbound_route(pki, "rsa", "downgraded", partner, listen, encryption=encrypted, **shared),
+        sc_outbound_route(pki, partner, listen),
     ]
     return module_gateway(routes, workers=2, metrics=True)
 
@@ -84,11 +90,13 @@ def test_partner_reply_tampered_after_signing_is_refused(
     assert_refused(gw, resp, version, "FailedCheck")
 
 
+@pytest.mark.parametrize("route", ["rsa-encrypted", "sc"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_partner_reply_encrypted_content_tampered_is_refused(
-    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str, route: str
 ) -> None:
-    """A flipped byte of the encrypted Body: GCM refuses it, nothing decrypted reaches the application."""
+    """A flipped byte of the encrypted Body (to the gateway's key, or a key derived from the context): GCM
+    refuses it, nothing decrypted reaches the application."""
 
     def flip(xml: bytes) -> bytes:
         root = etree.fromstring(xml)
@@ -98,22 +106,25 @@ def test_partner_reply_encrypted_content_tampered_is_refused(
         return etree.tostring(root)
 
     partner.tamper = flip
-    resp = post(listen, "/rsa-encrypted/echo", echo(f"enc-tamper-{version}", version), version)
+    resp = post(listen, f"/{route}/echo", echo(f"enc-tamper-{version}", version), version)
     assert_refused(gw, resp, version, "reply refused")
 
 
+@pytest.mark.parametrize("route", ["rsa", "sc"])
 @pytest.mark.parametrize("version", VERSIONS)
-def test_partner_reply_replayed_is_refused(gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str) -> None:
+def test_partner_reply_replayed_is_refused(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str, route: str
+) -> None:
     """The same signed reply twice (an attacker on the path answers a new call with an old reply): the second is
-    refused, by whichever worker gets it (the replay store is the shared Redis)."""
-    first = post(listen, "/rsa/echo", echo(f"once-{version}", version), version)
+    refused, by whichever worker gets it (the replay store is the shared Redis). sc: in the same context."""
+    first = post(listen, f"/{route}/echo", echo(f"once-{version}", version), version)
     assert first.status_code == 200, first.text
     partner.replay_next = True
-    resp = post(listen, "/rsa/echo", echo(f"twice-{version}", version), version)
+    resp = post(listen, f"/{route}/echo", echo(f"twice-{version}", version), version)
     assert_refused(gw, resp, version, "replay")
 
 
-@pytest.mark.parametrize("route", ["rsa", "psk"])
+@pytest.mark.parametrize("route", ["rsa", "psk", "sc"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_partner_reply_unsigned_is_refused(
     gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str, route: str
@@ -121,6 +132,41 @@ def test_partner_reply_unsigned_is_refused(
     partner.unsecured = True
     resp = post(listen, f"/{route}/echo", echo(f"unsigned-{version}", version), version)
     assert_refused(gw, resp, version, "reply refused")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_partner_sc_reply_tampered_after_signing_is_refused(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+) -> None:
+    """The reply's Timestamp, signed with the context's derived key, given a later Expires: the signature no
+    longer verifies."""
+
+    def extend(xml: bytes) -> bytes:
+        root = etree.fromstring(xml)
+        expires = root.find(f".//{{{WSU}}}Timestamp/{{{WSU}}}Expires")
+        assert expires is not None and expires.text
+        expires.text = "2099" + expires.text[4:]
+        return etree.tostring(root)
+
+    partner.tamper = extend
+    resp = post(listen, "/sc/echo", echo(f"sc-tamper-{version}", version), version)
+    assert_refused(gw, resp, version, "FailedCheck")
+
+
+@pytest.mark.parametrize(("how", "reason"), [("identifier", "UnknownDerivationSource"), ("key", "FailedCheck")])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_partner_reply_signed_with_a_key_of_another_context_is_refused(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str, how: str, reason: str
+) -> None:
+    """The reply secured with keys derived from another context the partner issued: naming it (identifier: a
+    context the gateway does not hold), or naming the gateway's context but derived from the other one's secret
+    (key: its Body does not decrypt, its signature would not verify)."""
+    assert post(listen, "/sc/echo", echo("the context", version), version).status_code == 200
+    other = f"urn:uuid:{uuid.uuid4()}"
+    partner.wss4j.sc_issue(other, base64.b64encode(os.urandom(32)).decode(), 256)
+    partner.sct_override = {how: other}
+    resp = post(listen, "/sc/echo", echo(f"other-context-{version}", version), version)
+    assert_refused(gw, resp, version, reason)
 
 
 @pytest.mark.parametrize("route", ["rogue", "other"])
