@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import requests
 import yaml
 from cryptography import x509
 from lxml import etree
 
+from filters.stores.partner_contexts import decode_context
 from gateway.control.supervisor import free_ports
+from gateway.policy import REDIS_URL_ENV
 from gateway.tools.wsdl_import import import_wsdl
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.partner import ENCRYPTED, SC_SERVICES, Service, Wss4jPartner, outbound_route, post, sc_outbound_route
@@ -72,6 +75,7 @@ def gw(
             username_token={"protection": "encrypted"},
         ),
         sc_outbound_route(pki, partner, listen),
+        sc_outbound_route(pki, partner, listen, name="sc-signed"),
     ]
     return module_gateway(routes, metrics=True)
 
@@ -222,19 +226,25 @@ def sts_calls(partner: Wss4jPartner) -> int:
     return sum(p.startswith("/sc-sts/") for p in partner.paths)
 
 
+@pytest.mark.parametrize("route", ["sc", "sc-signed"])
 @pytest.mark.parametrize("version", VERSIONS)
-def test_outbound_secure_conversation_context_issued_by_wss4j_signs_and_encrypts_with_derived_keys(
-    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+def test_outbound_secure_conversation_context_issued_by_wss4j_secures_both_ways_with_derived_keys(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str, route: str
 ) -> None:
-    """The gateway's signed Issue is verified by WSS4J, which computes the context's secret (P_SHA1 of both
-    entropies); the request is signed and encrypted with keys derived from it, WSS4J's reply too."""
-    text = f"sc-{version}"
-    resp = post(listen, "/sc/echo", echo(text, version), version)
+    """The gateway's signed Issue is verified by WSS4J, whose P_SHA1 computes the context's secret from both
+    entropies: the gateway computed the same one. The request is signed (sc: and encrypted) with keys derived
+    from it, WSS4J's reply too."""
+    text = f"{route}-{version}"
+    resp = post(listen, f"/{route}/echo", echo(text, version), version)
     assert plain_text(resp, version) == text, partner.refused
     assert partner.refused == []
     got = partner.verified[-1]
-    assert "DerivedKeyToken" in got["actions"] and f"{{{soap_ns(version)}}}Body" in got["decrypted"]
-    assert set(got["derived_from"]) <= set(partner.issued) and got["derived_from"]
+    assert "DerivedKeyToken" in got["actions"] and f"{{{soap_ns(version)}}}Body" in got["signed"]
+    assert (f"{{{soap_ns(version)}}}Body" in got["decrypted"]) == (route == "sc")
+    data = redis.Redis.from_url(gw.env[REDIS_URL_ENV]).get(f"wsgate:outbound-sct:{route}")
+    ctx = decode_context(data) if data else None
+    assert ctx is not None and set(got["derived_from"]) == {ctx.identifier}
+    assert partner.issued[ctx.identifier] == hashlib.sha256(ctx.secret).hexdigest()
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -74,7 +74,7 @@ class Wss4jPartner(LoopbackHttp):
         self.replay_next = False  # answer the previous reply again
         self.sct_override: dict[str, str] = {}  # the reply's context: another "identifier", or "key" (secret)
         self.last_reply = b""
-        self.issued: list[str] = []  # contexts issued, by Identifier (their secrets are in the JVM)
+        self.issued: dict[str, str] = {}  # contexts issued: Identifier -> SHA-256 of the secret (in the JVM)
         self.cancelled: list[str] = []
         super().__init__(tls=context)
 
@@ -149,7 +149,7 @@ class Wss4jPartner(LoopbackHttp):
         bits = int(rst.findtext(f"{{{WST}}}KeySize") or 256)
         identifier = f"urn:uuid:{uuid.uuid4()}"
         issued = self.wss4j.sc_issue(identifier, entropy, bits)
-        self.issued.append(identifier)
+        self.issued[identifier] = issued["secret_sha256"]
         steps = [{"do": "timestamp"}, x509_sign(self.pki, signed_parts(version, addressing=False), stem=service.stem)]
         if service.encrypt_reply:
             steps.append({"do": "encrypt", "with": "x509", "cert": str(self.pki / "gateway-enc.pem"),
@@ -242,14 +242,19 @@ def outbound_route(
 
 
 ENCRYPTED = {"require_request": True, "encrypt_response": True}
-SC_SERVICES = {"/sc/": Service(sign="sct", encrypt_reply=True), "/sc-sts/": Service(sts=True, encrypt_reply=True)}
+SC_SERVICES = {
+    "/sc/": Service(sign="sct", encrypt_reply=True),
+    "/sc-signed/": Service(sign="sct"),
+    "/sc-sts/": Service(sts=True, encrypt_reply=True),
+}
 
 
-def sc_outbound_route(pki: Path, partner: Wss4jPartner, listen: str) -> dict[str, Any]:
-    """secureconversation to SC_SERVICES: the partner's STS at /sc-sts/, requests and replies encrypted with
-    derived keys; the context shared by the workers through the gateway's Redis (and cancelled from there when
-    the gateway stops)."""
-    return outbound_route(pki, "secureconversation", "sc", partner, listen, encryption=ENCRYPTED,
+def sc_outbound_route(pki: Path, partner: Wss4jPartner, listen: str, name: str = "sc") -> dict[str, Any]:
+    """secureconversation to SC_SERVICES' `name`, the partner's STS at /sc-sts/: "sc" encrypts requests and
+    replies with derived keys, "sc-signed" only signs. The context is shared by the workers through the
+    gateway's Redis (and cancelled from there when the gateway stops)."""
+    encryption = ENCRYPTED if name == "sc" else {}
+    return outbound_route(pki, "secureconversation", name, partner, listen, encryption=encryption,
                           outbound={"sts_path": "/sc-sts/"}, replay={"store": "auto"})  # fmt: skip
 
 

@@ -45,6 +45,7 @@ def gw(module_gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, listen:
         outbound_route(pki, "rsa", "other", partner, listen, **shared),
         outbound_route(pki, "rsa", "downgraded", partner, listen, encryption=encrypted, **shared),
         sc_outbound_route(pki, partner, listen),
+        sc_outbound_route(pki, partner, listen, name="sc-signed"),
     ]
     return module_gateway(routes, workers=2, metrics=True)
 
@@ -80,13 +81,15 @@ def assert_refused(gw: LiveGateway, resp: requests.Response, version: str, reaso
     assert len(refusals) == 1 and reason in refusals[0], refusals
 
 
+@pytest.mark.parametrize("route", ["rsa", "sc-signed"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_partner_reply_tampered_after_signing_is_refused(
-    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str, route: str
 ) -> None:
+    """sc-signed: the Body signed with a key derived from the context."""
     text = f"tamper-{version}"
     partner.tamper = lambda xml: xml.replace(f">{text}<".encode(), b">pay the attacker<")
-    resp = post(listen, "/rsa/echo", echo(text, version), version)
+    resp = post(listen, f"/{route}/echo", echo(text, version), version)
     assert_refused(gw, resp, version, "FailedCheck")
 
 
@@ -154,18 +157,19 @@ def test_partner_sc_reply_tampered_after_signing_is_refused(
 
 
 @pytest.mark.parametrize(("how", "reason"), [("identifier", "UnknownDerivationSource"), ("key", "FailedCheck")])
+@pytest.mark.parametrize("route", ["sc", "sc-signed"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_partner_reply_signed_with_a_key_of_another_context_is_refused(
-    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str, how: str, reason: str
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str, route: str, how: str, reason: str
 ) -> None:
     """The reply secured with keys derived from another context the partner issued: naming it (identifier: a
     context the gateway does not hold), or naming the gateway's context but derived from the other one's secret
-    (key: its Body does not decrypt, its signature would not verify)."""
-    assert post(listen, "/sc/echo", echo("the context", version), version).status_code == 200
+    (key: sc's Body does not decrypt, sc-signed's signature does not verify)."""
+    assert post(listen, f"/{route}/echo", echo("the context", version), version).status_code == 200
     other = f"urn:uuid:{uuid.uuid4()}"
     partner.wss4j.sc_issue(other, base64.b64encode(os.urandom(32)).decode(), 256)
     partner.sct_override = {how: other}
-    resp = post(listen, "/sc/echo", echo(f"other-context-{version}", version), version)
+    resp = post(listen, f"/{route}/echo", echo(f"other-context-{version}", version), version)
     assert_refused(gw, resp, version, reason)
 
 
