@@ -2,7 +2,7 @@
 Issue signed with its certificate), shares it among its workers through Redis, derives keys per message, issues a
 new one before the old expires (one Issue per context lifetime, counted in wsgate_outbound_context_issues) and
 cancels it when it stops. The partner is a second WSGate with an inbound secureconversation route on its HTTPS
-listener (its own STS): WSS4J's harness has no STS service."""
+listener (its own STS); with Apache WSS4J as the STS and the service: tests/interop/test_outbound_wss4j.py."""
 
 from __future__ import annotations
 
