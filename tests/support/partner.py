@@ -15,7 +15,7 @@ from __future__ import annotations
 import ssl
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ PARTNER_SUBJECT = "CN=Demo Client,O=WSGate Demo"
 WST = "http://docs.oasis-open.org/ws-sx/ws-trust/200512"
 WSC = "http://docs.oasis-open.org/ws-sx/ws-secureconversation/200512"
 WSSE = "http://docs.oasis-open.org/wss/2004/01/oasis-200401-wss-wssecurity-secext-1.0.xsd"
+WST_NS = f'xmlns:wst="{WST}"'
 CONTEXT_LIFETIME = timedelta(hours=1)
 
 
@@ -95,7 +96,9 @@ class Wss4jPartner(LoopbackHttp):
                                     cert=str(self.pki / f"{PARTNER_STEM}.pem"), secrets={"demo-client": self.psk},
                                     users=service.users)  # fmt: skip
             if service.sts:
-                return 200, ctype, self.sts(got, version, service)
+                reply = self.sts(got, version, service)
+                self.verified.append(got)
+                return 200, ctype, reply
             context = self.context_of(got) if service.sign == "sct" else None
         except (Wss4jError, Refused) as exc:
             self.refused.append(str(exc))
@@ -121,8 +124,8 @@ class Wss4jPartner(LoopbackHttp):
 
     def sts(self, got: dict[str, Any], version: str, service: Service) -> bytes:
         """WS-Trust Issue (authenticated by WSS4J: an X.509 signature, from the demo CA, over Body and Timestamp)
-        or Cancel (signed with a key derived from the context it cancels): the RSTR, secured by WSS4J."""
-        self.verified.append(got)
+        or Cancel (signed with a key derived from the context it cancels): the RSTR, secured by WSS4J as the
+        service's replies (the Issue's: signed by the partner's certificate, encrypted to the gateway)."""
         rst = etree.fromstring(got["xml"].encode()).find(f".//{{{WST}}}RequestSecurityToken")
         if rst is None:
             raise Refused("no RequestSecurityToken")
@@ -133,11 +136,12 @@ class Wss4jPartner(LoopbackHttp):
             if target is None or target.get("URI") != context:
                 raise Refused("Cancel of a context the request is not signed with")
             rstr = f"<wst:RequestSecurityTokenResponse {WST_NS}><wst:RequestedTokenCancelled/>"
-            reply = self.wss4j.secure(envelope(version, rstr + "</wst:RequestSecurityTokenResponse>"),
-                                      self.steps(service, version, got, context))["xml"].encode()  # fmt: skip
+            cancelled = envelope(version, rstr + "</wst:RequestSecurityTokenResponse>")
+            # Answered with the context's keys, before it is forgotten.
+            reply = self.wss4j.secure(cancelled, self.steps(replace(service, sign="sct"), version, got, context))
             self.wss4j.sc_cancel(context)
             self.cancelled.append(context)
-            return reply
+            return str(reply["xml"]).encode()
         signed = set(got["signed"])
         if request_type != f"{WST}/Issue" or "signer" not in got or not {f"{{{WSU}}}Timestamp"} <= signed:
             raise Refused(f"{request_type}: not an Issue with an X.509-signed Timestamp")
@@ -150,12 +154,8 @@ class Wss4jPartner(LoopbackHttp):
         identifier = f"urn:uuid:{uuid.uuid4()}"
         issued = self.wss4j.sc_issue(identifier, entropy, bits)
         self.issued[identifier] = issued["secret_sha256"]
-        steps = [{"do": "timestamp"}, x509_sign(self.pki, signed_parts(version, addressing=False), stem=service.stem)]
-        if service.encrypt_reply:
-            steps.append({"do": "encrypt", "with": "x509", "cert": str(self.pki / "gateway-enc.pem"),
-                          "parts": [part("Body", soap_ns(version), "Content")]})  # fmt: skip
         body = issue_rstr(identifier, issued["entropy"], bits, datetime.now(UTC))
-        return self.wss4j.secure(envelope(version, body), steps)["xml"].encode()
+        return self.wss4j.secure(envelope(version, body), self.steps(service, version, got))["xml"].encode()
 
     def steps(
         self, service: Service, version: str, got: dict[str, Any], context: str | None = None
@@ -188,9 +188,6 @@ def echo_response(text: str, version: str) -> bytes:
         f'<soap:Envelope xmlns:soap="{soap_ns(version)}"><soap:Body><d:echoResponse xmlns:d="{DEMO}">'
         f"<d:text>{escape(text)}</d:text></d:echoResponse></soap:Body></soap:Envelope>"
     ).encode()
-
-
-WST_NS = f'xmlns:wst="{WST}"'
 
 
 def envelope(version: str, body: str) -> bytes:
