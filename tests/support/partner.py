@@ -2,7 +2,8 @@
 session's harness process, tests/support/wss4j.py) behind a real HTTPS server on loopback. Each request's Security
 header is processed by WSS4J's WSSecurityEngine (BSP enforcement on); the reply is an echoResponse secured by
 WSS4J's WSSec* builders, as the path's `Service` says. Tests may alter what goes back (`tamper`, `replay_next`,
-`unsecured`, `sct_override`) to play a hostile or broken partner.
+`unsecured`, `sct_override`; the STS's Issue answers: `sts_tamper`, `sts_unsecured`) to play a hostile or broken
+partner.
 
 For `secureconversation` the partner has an STS path (`Service(sts=True)`): WSS4J verifies the signed WS-Trust
 Issue, WSS4J's P_SHA1 computes the context's secret from both parties' entropy (ComputedKey; the secret stays in
@@ -74,6 +75,8 @@ class Wss4jPartner(LoopbackHttp):
         self.unsecured = False  # answer plain SOAP
         self.replay_next = False  # answer the previous reply again
         self.sct_override: dict[str, str] = {}  # the reply's context: another "identifier", or "key" (secret)
+        self.sts_tamper: Callable[[bytes], bytes] | None = None  # alters the STS's answers
+        self.sts_unsecured = False  # the STS answers plain SOAP
         self.last_reply = b""
         self.issued: dict[str, str] = {}  # contexts issued: Identifier -> SHA-256 of the secret (in the JVM)
         self.cancelled: list[str] = []
@@ -85,6 +88,7 @@ class Wss4jPartner(LoopbackHttp):
         self.headers.clear()
         self.paths.clear()
         self.tamper, self.unsecured, self.replay_next, self.sct_override = None, False, False, {}
+        self.sts_tamper, self.sts_unsecured = None, False
 
     def respond(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
         service = next(s for prefix, s in self.services.items() if path.startswith(prefix))
@@ -154,8 +158,10 @@ class Wss4jPartner(LoopbackHttp):
         identifier = f"urn:uuid:{uuid.uuid4()}"
         issued = self.wss4j.sc_issue(identifier, entropy, bits)
         self.issued[identifier] = issued["secret_sha256"]
-        body = issue_rstr(identifier, issued["entropy"], bits, datetime.now(UTC))
-        return self.wss4j.secure(envelope(version, body), self.steps(service, version, got))["xml"].encode()
+        reply = envelope(version, issue_rstr(identifier, issued["entropy"], bits, datetime.now(UTC)))
+        if not self.sts_unsecured:
+            reply = self.wss4j.secure(reply, self.steps(service, version, got))["xml"].encode()
+        return self.sts_tamper(reply) if self.sts_tamper is not None else reply
 
     def steps(
         self, service: Service, version: str, got: dict[str, Any], context: str | None = None

@@ -16,6 +16,7 @@ import requests
 from lxml import etree
 
 from filters.engine.outbound import PARTNER_REPLY_UNVERIFIED
+from gateway.control.supervisor import free_ports
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.partner import SC_SERVICES, Service, Wss4jPartner, outbound_route, post, sc_outbound_route
 from tests.support.wss4j import WSU, soap_ns
@@ -137,20 +138,21 @@ def test_partner_reply_unsigned_is_refused(
     assert_refused(gw, resp, version, "reply refused")
 
 
+def extend(xml: bytes) -> bytes:
+    """The reply's signed Timestamp given a later Expires."""
+    root = etree.fromstring(xml)
+    expires = root.find(f".//{{{WSU}}}Timestamp/{{{WSU}}}Expires")
+    assert expires is not None and expires.text
+    expires.text = "2099" + expires.text[4:]
+    return etree.tostring(root)
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_partner_sc_reply_tampered_after_signing_is_refused(
     gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
 ) -> None:
     """The reply's Timestamp, signed with the context's derived key, given a later Expires: the signature no
     longer verifies."""
-
-    def extend(xml: bytes) -> bytes:
-        root = etree.fromstring(xml)
-        expires = root.find(f".//{{{WSU}}}Timestamp/{{{WSU}}}Expires")
-        assert expires is not None and expires.text
-        expires.text = "2099" + expires.text[4:]
-        return etree.tostring(root)
-
     partner.tamper = extend
     resp = post(listen, "/sc/echo", echo(f"sc-tamper-{version}", version), version)
     assert_refused(gw, resp, version, "FailedCheck")
@@ -171,6 +173,23 @@ def test_partner_reply_signed_with_a_key_of_another_context_is_refused(
     partner.sct_override = {how: other}
     resp = post(listen, f"/{route}/echo", echo(f"other-context-{version}", version), version)
     assert_refused(gw, resp, version, reason)
+
+
+@pytest.mark.parametrize(("how", "reason"), [("unsigned", "no wsse:Security header"), ("tampered", "FailedCheck")])
+def test_partner_sts_answer_that_does_not_verify_establishes_no_context(
+    gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, how: str, reason: str
+) -> None:
+    """The STS's answer to the Issue unsigned, or altered after signing (its Timestamp): no context comes of it,
+    no request goes to the service, the application gets a fault."""
+    listen = f"127.0.0.1:{free_ports(1)[0]}"
+    gw = gateway([sc_outbound_route(pki, partner, listen, name="sc-signed")])
+    partner.sts_unsecured = how == "unsigned"
+    partner.sts_tamper = extend if how == "tampered" else None
+    resp = post(listen, "/sc-signed/echo", echo(f"sts-{how}"))
+    assert resp.status_code >= 500 and b"Fault" in resp.content and b"echoResponse" not in resp.content
+    assert partner.paths == ["/sc-sts/"]  # the Issue, and nothing for the service
+    refusals = [line for line in new_log_lines(gw) if "partner context not issued" in line]
+    assert len(refusals) == 1 and reason in refusals[0], refusals
 
 
 @pytest.mark.parametrize("route", ["rogue", "other"])
