@@ -2,10 +2,10 @@ package wsgate.interop;
 
 import com.google.gson.JsonObject;
 import java.security.MessageDigest;
-import java.security.SecureRandom;
 import java.util.Base64;
 import java.util.HexFormat;
 import org.apache.wss4j.common.derivedKey.P_SHA1;
+import org.apache.xml.security.stax.ext.XMLSecurityConstants;
 
 /**
  * The STS side of WS-SecureConversation for the partner service (tests/support/partner.py), its keys kept in this
@@ -15,8 +15,6 @@ import org.apache.wss4j.common.derivedKey.P_SHA1;
  * structure is the Python partner's; derived keys of the context then serve `secure` ("sct" steps) and `verify`.
  */
 final class Conversation {
-    private static final SecureRandom RANDOM = new SecureRandom();
-
     private final JsonObject req;
     private final Secrets secrets;
 
@@ -28,8 +26,7 @@ final class Conversation {
     JsonObject issue() throws Exception {
         byte[] requestor = Base64.getDecoder().decode(req.get("entropy").getAsString());
         int size = req.get("key_bits").getAsInt() / 8;
-        byte[] issuer = new byte[size];
-        RANDOM.nextBytes(issuer);
+        byte[] issuer = XMLSecurityConstants.generateBytes(size); // the source of WSS4J's own nonces
         byte[] secret = new P_SHA1().createKey(requestor, issuer, 0, size);
         secrets.put(req.get("identifier").getAsString(), secret);
         JsonObject answer = new JsonObject();
