@@ -264,15 +264,23 @@ def test_outbound_secure_conversation_one_issue_to_wss4j_for_many_calls(
     assert sum(float(v) for v in issued) == 1
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 def test_outbound_secure_conversation_context_cancelled_with_wss4j_when_the_gateway_stops(
-    gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, wss4j: Wss4j, caplog: pytest.LogCaptureFixture
+    gateway: GatewayFactory,
+    pki: Path,
+    partner: Wss4jPartner,
+    wss4j: Wss4j,
+    caplog: pytest.LogCaptureFixture,
+    version: str,
 ) -> None:
-    """On shutdown the gateway sends a Cancel signed with the context's derived keys; WSS4J verifies it, the
-    partner forgets the context (its secret is gone from WSS4J's keys: nothing derived from it verifies any more)
-    and answers with the context's keys, which the gateway verifies."""
+    """A fresh gateway's first call issues the context in the call's SOAP version. On shutdown the gateway sends
+    a Cancel signed with the context's derived keys; WSS4J verifies it, the partner forgets the context (its
+    secret is gone from WSS4J's keys: nothing derived from it verifies any more) and answers with the context's
+    keys, which the gateway verifies."""
     listen = f"127.0.0.1:{free_ports(1)[0]}"
     gw = gateway([sc_outbound_route(pki, partner, listen)])
-    assert plain_text(post(listen, "/sc/echo", echo("before stop"), "1.1"), "1.1") == "before stop"
+    assert plain_text(post(listen, "/sc/echo", echo("before stop", version), version), version) == "before stop"
+    assert partner.paths[0] == "/sc-sts/" and ("soap+xml" in partner.headers[0]["content-type"]) == (version == "1.2")
     [context] = set(partner.verified[-1]["derived_from"])  # two derived keys (sign, encrypt), one context
     with caplog.at_level(logging.INFO, logger="wsgate.up"):
         gw.stop()
