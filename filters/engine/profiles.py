@@ -393,6 +393,10 @@ class SamlPipeline(SecuredPipeline):
                                             lambda cert: self._trusted(cert, now), verified.proof_key)  # fmt: skip
             if method == "bearer" or assertion.one_time_use:
                 self._use_once(assertion, verified, now)
+            if route.encryption.encrypt_response and verified.signer_certificate is None:
+                # refused before the backend acts: the reply is encrypted to an X.509 signer (a symmetric holder-of-key
+                # or an unsigned bearer message has none)
+                raise faults.security("InvalidSecurity", "saml route encrypts replies: no X.509 signer to encrypt to")
         check_structure(env.root)
         out = self.deliver(env, verified, assertion.subject, headers, ex)
         out.set_headers.update(assertion.headers)

@@ -68,7 +68,7 @@ def _time(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _cert_b64(pki: Path, stem: str) -> str:
+def cert_b64(pki: Path, stem: str) -> str:
     der = x509.load_pem_x509_certificate((pki / f"{stem}.pem").read_bytes()).public_bytes(serialization.Encoding.DER)
     return base64.b64encode(der).decode()
 
@@ -97,7 +97,7 @@ def assertion_xml(
     aid = assertion_id or f"_{uuid.uuid4().hex}"
     key_info = ""
     if method == "holder-of-key":
-        named = proof or (f"<ds:X509Data><ds:X509Certificate>{_cert_b64(pki, holder)}</ds:X509Certificate>"
+        named = proof or (f"<ds:X509Data><ds:X509Certificate>{cert_b64(pki, holder)}</ds:X509Certificate>"
                           "</ds:X509Data>")  # fmt: skip
         key_info = f'<ds:KeyInfo xmlns:ds="{ns.DS}">{named}</ds:KeyInfo>'
 

@@ -92,7 +92,9 @@ def test_symmetric_holder_of_key_gets_through(route: Route, pipeline: SamlPipeli
         assert headers["x-wsgate-subject"] == S.SUBJECT and headers["x-wsgate-role"] == "clerk"
     secret = os.urandom(32)
     a = hok(pki, secret)
-    assert accepted(pipeline, made(route, a, secret, key_info=lambda: keys.str_reference(a.get("ID"), ns.SAML_V2_TOKEN)))
+    assert accepted(
+        pipeline, made(route, a, secret, key_info=lambda: keys.str_reference(a.get("ID"), ns.SAML_V2_TOKEN))
+    )
 
 
 def test_symmetric_key_encrypted_to_another_certificate_is_refused(route: Route, pipeline: SamlPipeline, pki: Path,
@@ -217,14 +219,16 @@ def test_two_encrypted_keys_in_the_confirmation_are_refused(route: Route, pipeli
     holder-of-key confirmations with a key each leave the message to choose its key."""
     secret = os.urandom(32)
     ek = S.encrypted_key(pki, secret)
-    cert = (f"<ds:X509Data><ds:X509Certificate>{S._cert_b64(pki, 'client')}</ds:X509Certificate></ds:X509Data>")
+    cert = f"<ds:X509Data><ds:X509Certificate>{S.cert_b64(pki, 'client')}</ds:X509Certificate></ds:X509Data>"
     for proof in (ek + ek, ek + cert, f'{ek}</ds:KeyInfo><ds:KeyInfo xmlns:ds="{ns.DS}">{ek}'):
         a = S.sign(S.assertion_xml(pki, method="holder-of-key", proof=proof), pki)
-        assert "holder-of-key confirmation must name one key" in refused(pipeline, made(route, a, secret),
-                                                                         "InvalidSecurity").reason
+        assert (
+            "holder-of-key confirmation must name one key"
+            in refused(pipeline, made(route, a, secret), "InvalidSecurity").reason
+        )
     xml = S.assertion_xml(pki, method="holder-of-key", proof=ek)
     start = xml.index("<saml:SubjectConfirmation ")
-    confirmation = xml[start:xml.index("</saml:SubjectConfirmation>") + len("</saml:SubjectConfirmation>")]
+    confirmation = xml[start : xml.index("</saml:SubjectConfirmation>") + len("</saml:SubjectConfirmation>")]
     twice = S.sign(xml.replace(confirmation, confirmation + confirmation.replace(ek, S.encrypted_key(pki, secret))),
                    pki)  # fmt: skip
     refused(pipeline, made(route, twice, secret), "FailedAuthentication")
@@ -301,6 +305,19 @@ def test_symmetric_holder_of_key_opened_with_a_token_key(pki: Path, hsm: Path, t
     secret = os.urandom(32)
     assert accepted(pipeline, sent(route, pki, tmp_path, hok(pki, secret), secret))["x-wsgate-subject"] == S.SUBJECT
     refused(pipeline, sent(route, pki, tmp_path, hok(pki, secret, to="client2"), secret), "FailedCheck")
+
+
+def test_route_that_encrypts_replies_refuses_symmetric_holder_of_key_before_the_backend(pki: Path,
+                                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """Its replies are encrypted to the requester's certificate, which a symmetric holder has not shown: refused
+    before the backend acts on the request, never after (a server fault on the reply)."""
+    route = S.saml_route(pki, encryption={"encrypt_response": True})
+    pipeline = SamlPipeline(route, RouteStores())
+    secret = os.urandom(32)
+    assert "no X.509 signer" in refused(pipeline, sent(route, pki, tmp_path, hok(pki, secret), secret),
+                                        "InvalidSecurity").reason  # fmt: skip
+    x509_hok = S.sign(S.assertion_xml(pki, method="holder-of-key", holder="client"), pki)
+    assert accepted(pipeline, S.client(route, pki, S.write(tmp_path, x509_hok)).secure(echo())[0])
 
 
 # --------------------------------------------------------------------------------------------------------
