@@ -156,6 +156,24 @@ def encrypted_key(pki: Path, secret: bytes, to: str = "gateway-enc", transport: 
             f"{base64.b64encode(wrapped).decode()}</xenc:CipherValue></xenc:CipherData></xenc:EncryptedKey>")  # fmt: skip
 
 
+def xmlsec_encrypted_key(pki: Path, secret: bytes, to: str = "gateway-enc") -> str:
+    """The same made by libxmlsec1, as an IdP built on it does: `secret` (16, 24 or 32 bytes) is the session key of
+    an EncryptedData template whose KeyInfo asks for an RSA-OAEP EncryptedKey to the `to` certificate; xmlsec wraps
+    it there, and the EncryptedKey is taken out (it names no certificate: the gateway has one decryption key)."""
+    data = xmlsec.template.encrypted_data_create(etree.Element("holder"), xmlsec.Transform.AES256_GCM, ns="xenc")
+    xmlsec.template.encrypted_data_ensure_cipher_value(data)
+    key_info = xmlsec.template.encrypted_data_ensure_key_info(data, ns="ds")
+    xmlsec.template.encrypted_data_ensure_cipher_value(
+        xmlsec.template.add_encrypted_key(key_info, xmlsec.Transform.RSA_OAEP)
+    )
+    manager = xmlsec.KeysManager()
+    manager.add_key(xmlsec.Key.from_file(str(pki / f"{to}.pem"), xmlsec.constants.KeyDataFormatCertPem))
+    ctx = xmlsec.EncryptionContext(manager)
+    ctx.key = xmlsec.Key.from_binary_data(xmlsec.constants.KeyDataAes, secret)
+    encrypted = ctx.encrypt_binary(data, b"unused")
+    return etree.tostring(encrypted.find(f".//{{{ns.XENC}}}EncryptedKey")).decode()
+
+
 def sign(xml: str | bytes, pki: Path, stem: str = "saml-idp") -> etree._Element:
     """Sign an assertion as an IdP does, with signxml: enveloped, exclusive C14N, RSA-SHA256, the certificate in
     KeyInfo; the Signature right after saml:Issuer (SAML 2.0) or last (1.1)."""

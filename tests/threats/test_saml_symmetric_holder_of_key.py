@@ -82,14 +82,20 @@ def refused(pipeline: SamlPipeline, data: bytes, code: str) -> faults.Fault:
 
 
 def test_symmetric_holder_of_key_gets_through(route: Route, pipeline: SamlPipeline, pki: Path, tmp_path: Path) -> None:
-    """The control: SAML 2.0 and 1.1, the key named by KeyIdentifier (SAMLID / SAMLAssertionID) as the client
-    does, and by a direct Reference to the assertion's ID; the backend told the assertion's subject."""
+    """The control: SAML 2.0 and 1.1, the EncryptedKey made by `cryptography` and by libxmlsec1, the key named by
+    KeyIdentifier (SAMLID / SAMLAssertionID) as the client does, and by a direct Reference to the assertion's ID;
+    the backend told the assertion's subject."""
     for version in ("2.0", "1.1"):
         secret = os.urandom(32)
         data = sent(route, pki, tmp_path, hok(pki, secret, version), secret)
         assert b"hmac-sha256" in data and b"BinarySecurityToken" not in data
         headers = accepted(pipeline, data)
         assert headers["x-wsgate-subject"] == S.SUBJECT and headers["x-wsgate-role"] == "clerk"
+    for version in ("2.0", "1.1"):  # the EncryptedKey made by libxmlsec1 instead
+        secret = os.urandom(32)
+        proof = S.xmlsec_encrypted_key(pki, secret)
+        a = S.sign(S.assertion_xml(pki, version=version, method="holder-of-key", proof=proof), pki)
+        assert accepted(pipeline, sent(route, pki, tmp_path, a, secret))["x-wsgate-subject"] == S.SUBJECT
     secret = os.urandom(32)
     a = hok(pki, secret)
     assert accepted(
