@@ -359,7 +359,8 @@ class SamlPipeline(SecuredPipeline):
     message's X.509 signature is verified as on an `rsa` route, but its signer is allowed by the assertion's
     subject confirmation (holder-of-key, sender-vouches), not by the route's trust anchors; those vouch only for
     a party that signs a bearer assertion's message. A holder-of-key assertion may confirm a symmetric key
-    instead (an EncryptedKey to the route's decryption key): the message is then HMAC-signed with it. Bearer assertions and OneTimeUse ones are used once."""
+    instead (an EncryptedKey to the route's decryption key): the message is then HMAC-signed with it. Bearer
+    assertions and OneTimeUse ones are used once."""
 
     def __init__(self, route: Route, stores: Stores) -> None:
         super().__init__(route, stores)
@@ -391,12 +392,12 @@ class SamlPipeline(SecuredPipeline):
             tls = headers.get("x-forwarded-proto") == "https"
             method = self.validator.confirm(assertion, verified.signer_certificate, verified.signed, security, tls,
                                             lambda cert: self._trusted(cert, now), verified.proof_key)  # fmt: skip
-            if method == "bearer" or assertion.one_time_use:
-                self._use_once(assertion, verified, now)
             if route.encryption.encrypt_response and verified.signer_certificate is None:
                 # refused before the backend acts: the reply is encrypted to an X.509 signer (a symmetric holder-of-key
                 # or an unsigned bearer message has none)
                 raise faults.security("InvalidSecurity", "saml route encrypts replies: no X.509 signer to encrypt to")
+            if method == "bearer" or assertion.one_time_use:
+                self._use_once(assertion, verified, now)
         check_structure(env.root)
         out = self.deliver(env, verified, assertion.subject, headers, ex)
         out.set_headers.update(assertion.headers)

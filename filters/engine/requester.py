@@ -226,8 +226,8 @@ class Requester:
 
     def _assertion(self, sign: sending.SignWith) -> tuple[etree._Element, sending.SignWith]:
         """The configured assertion (read afresh: it moves into each message) and how to sign beside it: with
-        the key it confirms (holder-of-key: KeyInfo names the assertion; a symmetric one: the proof key), else with our certificate (the sender
-        vouching, or a bearer message's signer)."""
+        the key it confirms (holder-of-key: KeyInfo names the assertion; a symmetric key: the proof key), else
+        with our certificate (the sender vouching, or a bearer message's signer)."""
         assert self.cfg.assertion is not None
         assertion = etree.fromstring(self.cfg.assertion.read_bytes(), _ASSERTION_PARSER)
         if assertion.tag not in (saml.ASSERTION2, saml.ASSERTION1, saml.ENCRYPTED_ASSERTION):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeAlias
 
 import xmlsec
 from cryptography import x509
@@ -75,7 +76,7 @@ class Issuer:
 
 # The key a holder-of-key confirmation names: an X.509 certificate, or an xenc:EncryptedKey to the gateway holding
 # a symmetric key (SAML Token Profile 1.1, 3.5), kept unopened: wssecurity opens it under the XML Encryption rules.
-HolderKey = x509.Certificate | etree._Element
+HolderKey: TypeAlias = x509.Certificate | etree._Element
 
 
 @dataclass(frozen=True)

@@ -588,7 +588,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     else:
         if st.req.signer == "symmetric":
             raise faults.security("InvalidSecurity", "X.509 signature on a route that requires a symmetric key")
-        key = holder or _resolve_certificate(st, ref)
+        key = holder if isinstance(holder, x509.Certificate) else _resolve_certificate(st, ref)
         if st.creds.saml is not None:  # the assertion says whether this signer may sign (saml.confirm)
             st.out.signer_certificate = key
         elif st.creds.trust is None:
