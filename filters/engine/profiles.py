@@ -358,7 +358,9 @@ class SamlPipeline(SecuredPipeline):
     """`saml`: the caller is who a trusted issuer's assertion says (filters/engine/wss/saml.py, docs/saml.md). The
     message's X.509 signature is verified as on an `rsa` route, but its signer is allowed by the assertion's
     subject confirmation (holder-of-key, sender-vouches), not by the route's trust anchors; those vouch only for
-    a party that signs a bearer assertion's message. Bearer assertions and OneTimeUse ones are used once."""
+    a party that signs a bearer assertion's message. A holder-of-key assertion may confirm a symmetric key
+    instead (an EncryptedKey to the route's decryption key): the message is then HMAC-signed with it. Bearer
+    assertions and OneTimeUse ones are used once."""
 
     def __init__(self, route: Route, stores: Stores) -> None:
         super().__init__(route, stores)
@@ -389,7 +391,11 @@ class SamlPipeline(SecuredPipeline):
             # x-forwarded-proto is Envoy's own (the client's is dropped: gateway/control/envoy_config.py).
             tls = headers.get("x-forwarded-proto") == "https"
             method = self.validator.confirm(assertion, verified.signer_certificate, verified.signed, security, tls,
-                                            lambda cert: self._trusted(cert, now))  # fmt: skip
+                                            lambda cert: self._trusted(cert, now), verified.proof_key)  # fmt: skip
+            if route.encryption.encrypt_response and verified.signer_certificate is None:
+                # refused before the backend acts: the reply is encrypted to an X.509 signer (a symmetric holder-of-key
+                # or an unsigned bearer message has none)
+                raise faults.security("InvalidSecurity", "saml route encrypts replies: no X.509 signer to encrypt to")
             if method == "bearer" or assertion.one_time_use:
                 self._use_once(assertion, verified, now)
         check_structure(env.root)

@@ -49,6 +49,9 @@ class RequesterSettings:
     timestamp_ttl_s: int = 300
     sc_version: str = "1.3"  # WS-SecureConversation version to ask for: "1.3" or "2005/02"
     assertion: Path | None = None  # saml: a signed SAML assertion (a file) to send, as its confirmation says
+    # saml: the symmetric key a holder-of-key assertion confirms (its EncryptedKey is to the gateway, not to us):
+    # the proof key its issuer gave with it. The message is HMAC-signed with it.
+    proof_key: bytes | None = None
 
 
 @dataclass
@@ -223,16 +226,20 @@ class Requester:
 
     def _assertion(self, sign: sending.SignWith) -> tuple[etree._Element, sending.SignWith]:
         """The configured assertion (read afresh: it moves into each message) and how to sign beside it: with
-        the key it confirms (holder-of-key: KeyInfo names the assertion), else with our certificate (the sender
-        vouching, or a bearer message's signer)."""
+        the key it confirms (holder-of-key: KeyInfo names the assertion; a symmetric key: the proof key), else
+        with our certificate (the sender vouching, or a bearer message's signer)."""
         assert self.cfg.assertion is not None
         assertion = etree.fromstring(self.cfg.assertion.read_bytes(), _ASSERTION_PARSER)
         if assertion.tag not in (saml.ASSERTION2, saml.ASSERTION1, saml.ENCRYPTED_ASSERTION):
             raise RequesterError(f"{self.cfg.assertion}: not a SAML 2.0 or 1.1 assertion (or an EncryptedAssertion)")
         methods = [saml.METHODS.get(m) for m in _CONFIRMATION_METHODS(assertion)]
-        if methods and all(m == "holder-of-key" for m in methods):
-            return assertion, replace(sign, key_info=lambda: saml_reference(assertion, None), certificate=None)
-        return assertion, sign
+        if not methods or any(m != "holder-of-key" for m in methods):
+            return assertion, sign
+        if next(assertion.iter(saml.ENCRYPTED_KEY), None) is not None:  # a symmetric key (SAML Token Profile 3.5)
+            if self.cfg.proof_key is None:
+                raise RequesterError(f"{self.cfg.assertion}: it confirms a symmetric key: give its proof key")
+            sign = replace(sign, signer=signature.Signer(self.cfg.proof_key, self.hmac_algorithm, self.digest))
+        return assertion, replace(sign, key_info=lambda: saml_reference(assertion, None), certificate=None)
 
     def _secure_in_context(self, env: Envelope, now: datetime) -> bytes:
         assert self.context is not None

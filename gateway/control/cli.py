@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import logging
 import os
 import subprocess
@@ -244,6 +245,8 @@ def cmd_client(args: argparse.Namespace) -> int:
         sc_version=args.sc_version, assertion=args.assertion,
     )  # fmt: skip
     try:
+        if args.proof_key:  # base64, as an STS returns it (RequestedProofToken/BinarySecret)
+            cfg.proof_key = base64.b64decode(args.proof_key.read_text().strip(), validate=True)
         client = Client(route, cfg)
         plain = Path(args.request).read_bytes() if args.request != "-" else sys.stdin.buffer.read()
         attachments = [attachment(spec) for spec in args.attach]
@@ -481,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--assertion", type=Path, help="saml routes: a signed SAML assertion file to send (docs/saml.md)"
     )
+    client.add_argument("--proof-key", type=Path,
+                        help="saml: a file holding the symmetric key (base64) a holder-of-key assertion confirms")  # fmt: skip
     client.add_argument("--attach", action="append", default=[], metavar="FILE[:content-type]",
                         help="send FILE as an attachment, Content-ID its name: MTOM where the request holds "
                         "xop:Include href='cid:<name>', else SOAP with Attachments (docs/attachments.md)")  # fmt: skip

@@ -4,6 +4,8 @@ backend told the subject and the mapped attributes, nothing a client could set i
 
 from __future__ import annotations
 
+import base64
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,13 +28,13 @@ def gw(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     ])  # fmt: skip
 
 
-def cli(gw: LiveGateway, pki: Path, tmp: Path, route: str, assertion: Path, signer: str, url: str) -> str:
+def cli(gw: LiveGateway, pki: Path, tmp: Path, route: str, assertion: Path, signer: str, url: str, *extra: str) -> str:
     request = tmp / "echo.xml"
     request.write_bytes(echo("from the cli"))
     run = subprocess.run(
         [sys.executable, "-m", "gateway.control.cli", "client", "--policies", str(gw.opts.policies), "--certs",
          str(pki), "--policy", route, "--url", url, "--key", f"{signer}.key", "--cert", f"{signer}.pem",
-         "--assertion", str(assertion), str(request)],
+         "--assertion", str(assertion), *extra, str(request)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -54,6 +56,29 @@ def test_wsgate_client_sends_an_assertion_and_the_backend_is_told_who(
     assert got["headers"]["x-wsgate-subject"] == S.SUBJECT
     assert got["headers"]["x-wsgate-role"] == "clerk"
     assert "Assertion" not in got["body"]  # the Security header, assertion and all, stays at the gateway
+
+
+@pytest.mark.parametrize("version", ["2.0", "1.1"])
+def test_symmetric_holder_of_key_through_the_gateway(version: str, gw: LiveGateway, pki: Path, tmp_path: Path) -> None:
+    """The assertion confirms a symmetric key encrypted to the gateway (an EncryptedKey made by `cryptography`);
+    `wsgate client --proof-key` HMAC-signs with it. The same message with its Body changed is refused."""
+    gw.clear()
+    secret = os.urandom(32)
+    proof = S.encrypted_key(pki, secret)
+    assertion = S.sign(S.assertion_xml(pki, version=version, method="holder-of-key", proof=proof), pki)
+    key_file = tmp_path / "proof.b64"
+    key_file.write_text(base64.b64encode(secret).decode())
+    out = cli(gw, pki, tmp_path, "saml", S.write(tmp_path, assertion), "client", gw.url("saml"),
+              "--proof-key", str(key_file))  # fmt: skip
+    assert "<d:text>from the cli</d:text>" in out
+    (got,) = gw.received()
+    assert got["headers"]["x-wsgate-subject"] == S.SUBJECT and "Assertion" not in got["body"]
+    gw.clear()
+    again = S.sign(S.assertion_xml(pki, version=version, method="holder-of-key", proof=proof), pki)
+    data = S.client(gw.route("saml"), pki, S.write(tmp_path, again), proof_key=secret).secure(echo("pay 10"))[0]
+    resp = gw.post("saml", data.replace(b"pay 10", b"pay 99"))
+    assert resp.status_code == 500 and fault_code(resp) == "FailedCheck" and b"soap:Fault" in resp.content
+    assert gw.received() == []
 
 
 def test_bearer_is_taken_over_tls_and_refused_in_clear(gw: LiveGateway, pki: Path, tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 
 import xmlsec
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from lxml import etree
 from signxml import XMLSigner
 from signxml.algorithms import CanonicalizationMethod
@@ -67,7 +68,7 @@ def _time(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _cert_b64(pki: Path, stem: str) -> str:
+def cert_b64(pki: Path, stem: str) -> str:
     der = x509.load_pem_x509_certificate((pki / f"{stem}.pem").read_bytes()).public_bytes(serialization.Encoding.DER)
     return base64.b64encode(der).decode()
 
@@ -87,15 +88,19 @@ def assertion_xml(
     roles: tuple[str, ...] = ("clerk",),
     one_time_use: bool = False,
     assertion_id: str | None = None,
+    proof: str | None = None,
 ) -> str:
-    """An unsigned assertion, as text (tests may edit it before signing)."""
+    """An unsigned assertion, as text (tests may edit it before signing). `proof`: holder-of-key, the KeyInfo's
+    content (an EncryptedKey: `encrypted_key`) instead of the `holder` certificate."""
     issued = issued or now()
     start = not_before or issued - dt.timedelta(seconds=30)
     aid = assertion_id or f"_{uuid.uuid4().hex}"
     key_info = ""
     if method == "holder-of-key":
-        key_info = (f'<ds:KeyInfo xmlns:ds="{ns.DS}"><ds:X509Data><ds:X509Certificate>{_cert_b64(pki, holder)}'
-                    "</ds:X509Certificate></ds:X509Data></ds:KeyInfo>")  # fmt: skip
+        named = proof or (f"<ds:X509Data><ds:X509Certificate>{cert_b64(pki, holder)}</ds:X509Certificate>"
+                          "</ds:X509Data>")  # fmt: skip
+        key_info = f'<ds:KeyInfo xmlns:ds="{ns.DS}">{named}</ds:KeyInfo>'
+
     if version == "1.1":
         confirmation = f"<saml:SubjectConfirmation><saml:ConfirmationMethod>{METHOD1[method]}</saml:ConfirmationMethod>{key_info}</saml:SubjectConfirmation>"
         subj = f'<saml:Subject><saml:NameIdentifier Format="urn:oasis:names:tc:SAML:1.1:nameid-format:emailAddress">{subject}</saml:NameIdentifier>{confirmation}</saml:Subject>'
@@ -129,6 +134,44 @@ def assertion_xml(
         f'</saml:AuthnStatement><saml:AttributeStatement><saml:Attribute Name="{ROLE}">{values}</saml:Attribute>'
         "</saml:AttributeStatement></saml:Assertion>"
     )  # fmt: skip
+
+
+def encrypted_key(pki: Path, secret: bytes, to: str = "gateway-enc", transport: str = "rsa-oaep-mgf1p") -> str:
+    """An xenc:EncryptedKey holding `secret` for the owner of the `to` certificate, as an IdP or STS puts it in a
+    symmetric holder-of-key confirmation (SAML Token Profile 1.1, 3.5): the key wrapped by `cryptography`, the
+    certificate named by its SHA-1 thumbprint (WSS X.509 Token Profile 1.1)."""
+    cert = x509.load_pem_x509_certificate((pki / f"{to}.pem").read_bytes())
+    public = cert.public_key()
+    assert isinstance(public, rsa.RSAPublicKey)
+    if transport == "rsa-1_5":
+        wrapped = public.encrypt(secret, padding.PKCS1v15())
+    else:
+        wrapped = public.encrypt(secret, padding.OAEP(padding.MGF1(hashes.SHA1()), hashes.SHA1(), None))
+    uri = {"rsa-oaep-mgf1p": f"{ns.XENC}rsa-oaep-mgf1p", "rsa-1_5": f"{ns.XENC}rsa-1_5"}[transport]
+    thumbprint = base64.b64encode(cert.fingerprint(hashes.SHA1())).decode()
+    return (f'<xenc:EncryptedKey xmlns:xenc="{ns.XENC}"><xenc:EncryptionMethod Algorithm="{uri}"/>'
+            f'<ds:KeyInfo xmlns:ds="{ns.DS}"><wsse:SecurityTokenReference xmlns:wsse="{ns.WSSE}">'
+            f'<wsse:KeyIdentifier ValueType="{ns.THUMBPRINT_SHA1}" EncodingType="{ns.BASE64}">{thumbprint}'
+            "</wsse:KeyIdentifier></wsse:SecurityTokenReference></ds:KeyInfo><xenc:CipherData><xenc:CipherValue>"
+            f"{base64.b64encode(wrapped).decode()}</xenc:CipherValue></xenc:CipherData></xenc:EncryptedKey>")  # fmt: skip
+
+
+def xmlsec_encrypted_key(pki: Path, secret: bytes, to: str = "gateway-enc") -> str:
+    """The same made by libxmlsec1, as an IdP built on it does: `secret` (16, 24 or 32 bytes) is the session key of
+    an EncryptedData template whose KeyInfo asks for an RSA-OAEP EncryptedKey to the `to` certificate; xmlsec wraps
+    it there, and the EncryptedKey is taken out (it names no certificate: the gateway has one decryption key)."""
+    data = xmlsec.template.encrypted_data_create(etree.Element("holder"), xmlsec.Transform.AES256_GCM, ns="xenc")
+    xmlsec.template.encrypted_data_ensure_cipher_value(data)
+    key_info = xmlsec.template.encrypted_data_ensure_key_info(data, ns="ds")
+    xmlsec.template.encrypted_data_ensure_cipher_value(
+        xmlsec.template.add_encrypted_key(key_info, xmlsec.Transform.RSA_OAEP)
+    )
+    manager = xmlsec.KeysManager()
+    manager.add_key(xmlsec.Key.from_file(str(pki / f"{to}.pem"), xmlsec.constants.KeyDataFormatCertPem))
+    ctx = xmlsec.EncryptionContext(manager)
+    ctx.key = xmlsec.Key.from_binary_data(xmlsec.constants.KeyDataAes, secret)
+    encrypted = ctx.encrypt_binary(data, b"unused")
+    return etree.tostring(encrypted.find(f".//{{{ns.XENC}}}EncryptedKey")).decode()
 
 
 def sign(xml: str | bytes, pki: Path, stem: str = "saml-idp") -> etree._Element:
@@ -170,7 +213,10 @@ def write(tmp: Path, assertion: etree._Element) -> Path:
     return path
 
 
-def client(route: Any, pki: Path, assertion_file: Path, signer: str = "client") -> Client:
-    """The gateway's client sending `assertion_file` on `route`, signing as `signer` (a PKI stem)."""
-    cfg = ClientConfig(certs=pki, key=f"{signer}.key", certificate=f"{signer}.pem", assertion=assertion_file)
+def client(route: Any, pki: Path, assertion_file: Path, signer: str = "client", proof_key: bytes | None = None
+           ) -> Client:  # fmt: skip
+    """The gateway's client sending `assertion_file` on `route`, signing as `signer` (a PKI stem), or with
+    `proof_key` where the assertion confirms a symmetric key."""
+    cfg = ClientConfig(certs=pki, key=f"{signer}.key", certificate=f"{signer}.pem", assertion=assertion_file,
+                       proof_key=proof_key)  # fmt: skip
     return Client(route, cfg)

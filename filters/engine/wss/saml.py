@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeAlias
 
 import xmlsec
 from cryptography import x509
@@ -34,6 +35,7 @@ ENCRYPTED_ASSERTION = ns.q(ns.SAML2, "EncryptedAssertion")
 ASSERTIONS = {ASSERTION2: "2.0", ASSERTION1: "1.1"}
 SIGNATURE = ns.q(ns.DS, "Signature")
 STR = ns.q(ns.WSSE, "SecurityTokenReference")
+ENCRYPTED_KEY = ns.q(ns.XENC, "EncryptedKey")
 METHODS = {
     f"urn:oasis:names:tc:SAML:{v}:cm:{m}": m
     for v in ("2.0", "1.0")
@@ -72,6 +74,11 @@ class Issuer:
     trust: keys.TrustStore | None = None
 
 
+# The key a holder-of-key confirmation names: an X.509 certificate, or an xenc:EncryptedKey to the gateway holding
+# a symmetric key (SAML Token Profile 1.1, 3.5), kept unopened: wssecurity opens it under the XML Encryption rules.
+HolderKey: TypeAlias = x509.Certificate | etree._Element
+
+
 @dataclass(frozen=True)
 class Assertion:
     """What a verified assertion says. `element` is the very element whose signature verified."""
@@ -81,8 +88,8 @@ class Assertion:
     version: str
     issuer: str
     subject: str  # NameID / NameIdentifier, encoded for a header
-    # (method, the holder-of-key certificate) for each confirmation the route allows, in document order.
-    confirmations: tuple[tuple[str, x509.Certificate | None], ...]
+    # (method, the holder-of-key key) for each confirmation the route allows, in document order.
+    confirmations: tuple[tuple[str, HolderKey | None], ...]
     headers: Mapping[str, str]  # the route's attribute headers this assertion fills
     issue_instant: datetime
     not_on_or_after: datetime
@@ -177,12 +184,14 @@ class Validator:
         security: etree._Element,
         tls: bool,
         trusted_signer: Callable[[x509.Certificate], bool],
+        proof: etree._Element | None = None,
     ) -> str:
         """The confirmation method the message meets, else FailedAuthentication. `signer`: the certificate of the
-        message's one verified signature (its parts checked by wssecurity); `signed`: what it covers."""
+        message's one verified signature (its parts checked by wssecurity); `signed`: what it covers; `proof`: the
+        EncryptedKey (of this assertion, by identity) whose symmetric key that signature verified with."""
         covered = any(e is a.element or (e.tag == STR and e.getparent() is security and a.named_by(e)) for e in signed)
-        for method, cert in a.confirmations:
-            if method == "holder-of-key" and signer is not None and cert is not None and signer == cert:
+        for method, key in a.confirmations:
+            if method == "holder-of-key" and key is not None and _holds(key, signer, proof):
                 return method
             if method == "sender-vouches" and signer is not None and covered and signer in self.attesting:
                 return method
@@ -190,12 +199,19 @@ class Validator:
                 return method
         raise refused("no subject confirmation the route allows is met by this message")
 
-    def holder_key(self, a: Assertion) -> x509.Certificate:
-        """The certificate a holder-of-key assertion confirms: the key a message signature naming it is made with."""
-        cert = next((c for m, c in a.confirmations if m == "holder-of-key" and c is not None), None)
-        if cert is None:
-            raise refused("a signature names the assertion, which confirms no X.509 key")
-        return cert
+    def holder_key(self, a: Assertion) -> HolderKey:
+        """The key a holder-of-key assertion confirms: the key a message signature naming it is made with. One
+        key: were there two, the message would choose which (and with it the signature's algorithm family)."""
+        found = [k for m, k in a.confirmations if m == "holder-of-key" and k is not None]
+        if len(found) != 1:
+            raise refused(f"a signature names the assertion, which confirms {len(found)} keys (one expected)")
+        return found[0]
+
+
+def _holds(key: HolderKey, signer: x509.Certificate | None, proof: etree._Element | None) -> bool:
+    if isinstance(key, x509.Certificate):
+        return signer is not None and signer == key
+    return proof is not None and proof is key
 
 
 def replay_key(a: Assertion) -> bytes:
@@ -291,7 +307,7 @@ def _key_info_certificate(key_info: etree._Element | None) -> x509.Certificate:
 @dataclass
 class _Fields:
     subject: str
-    confirmations: list[tuple[str, x509.Certificate | None]]
+    confirmations: list[tuple[str, HolderKey | None]]
     attributes: dict[str, list[str]]
     issue_instant: datetime
     not_before: datetime | None
@@ -315,7 +331,7 @@ def _read2(el: etree._Element) -> _Fields:
     name_ids = [c for c in _elements(subject) if c.tag == _s2("NameID")]
     if len(name_ids) != 1:
         raise invalid("Subject must have one NameID (BaseID, EncryptedID are not taken)")
-    confirmations: list[tuple[str, x509.Certificate | None]] = []
+    confirmations: list[tuple[str, HolderKey | None]] = []
     conditions = _one(el, _s2("Conditions"), "Conditions")
     windows = [conditions]  # a confirmation's own window narrows the assertion's (the tightest of all is kept)
     for sc in subject.iterchildren(_s2("SubjectConfirmation")):
@@ -323,11 +339,11 @@ def _read2(el: etree._Element) -> _Fields:
         data = sc.find(_s2("SubjectConfirmationData"))
         if method is None:
             continue
-        cert = None
+        key = None
         if data is not None:
             windows.append(data)
-            cert = _hok_certificate(data.find(ns.q(ns.DS, "KeyInfo")))
-        confirmations.append((method, cert))
+            key = _hok_key(data, method)
+        confirmations.append((method, key))
     audiences, one_time = [], False
     for c in _elements(conditions):
         name = etree.QName(c).localname
@@ -379,13 +395,12 @@ def _read1(el: etree._Element) -> _Fields:
     subject = subjects[0]
     assert subject is not None
     name_id = _one(subject, _s1("NameIdentifier"), "NameIdentifier")
-    confirmations: list[tuple[str, x509.Certificate | None]] = []
+    confirmations: list[tuple[str, HolderKey | None]] = []
     for sc in subject.iterchildren(_s1("SubjectConfirmation")):
-        cert = _hok_certificate(sc.find(ns.q(ns.DS, "KeyInfo")))
         for m in sc.iterchildren(_s1("ConfirmationMethod")):
             method = METHODS.get(_text(m, "ConfirmationMethod"))
             if method is not None:
-                confirmations.append((method, cert))
+                confirmations.append((method, _hok_key(sc, method)))
     conditions = _one(el, _s1("Conditions"), "Conditions")
     audiences, one_time = [], False
     for c in _elements(conditions):
@@ -408,11 +423,25 @@ def _read1(el: etree._Element) -> _Fields:
     )
 
 
-def _hok_certificate(key_info: etree._Element | None) -> x509.Certificate | None:
-    """The X.509 certificate a holder-of-key confirmation names (X509Data/X509Certificate); None for other keys."""
-    if key_info is None:
+def _hok_key(confirmation: etree._Element, method: str) -> HolderKey | None:
+    """The key a confirmation's KeyInfo (SAML 2.0: SubjectConfirmationData's, 1.1: SubjectConfirmation's) names:
+    an X.509 certificate (X509Data/X509Certificate), or an xenc:EncryptedKey holding a symmetric key for us; None
+    for other keys. A holder-of-key confirmation names one key, or is refused: two EncryptedKeys, or one beside a
+    certificate, would leave the choice to whoever reads first."""
+    key_infos = list(confirmation.iterchildren(ns.q(ns.DS, "KeyInfo")))
+    if not key_infos:
         return None
-    certs = list(key_info.iter(ns.q(ns.DS, "X509Certificate")))
+    encrypted = [k for ki in key_infos for k in ki.iter(ENCRYPTED_KEY)]
+    certs = [c for ki in key_infos for c in ki.iter(ns.q(ns.DS, "X509Certificate"))]
+    if method == "holder-of-key" and (len(key_infos) > 1 or len(encrypted) + min(len(certs), 1) > 1):
+        raise invalid("a holder-of-key confirmation must name one key")
+    if encrypted:
+        ek = encrypted[0]
+        if ek.getparent() is not key_infos[0]:
+            raise invalid("holder-of-key EncryptedKey must be its KeyInfo's own child")
+        if ek.find(ns.q(ns.XENC, "ReferenceList")) is not None:
+            raise invalid("holder-of-key EncryptedKey encrypts nothing: no ReferenceList")
+        return ek
     if len(certs) != 1:
         return None
     try:

@@ -118,6 +118,8 @@ class Verified:
     # Its freshness evidence (ms since the Unix epoch), to compare with the store's replay epoch (filters/engine/wss/replay.py).
     replay_since_ms: int = 0
     assertion: saml.Assertion | None = None  # the header's one SAML assertion, verified (`saml` routes)
+    # The assertion's holder-of-key EncryptedKey whose symmetric key the signature verified with (saml.confirm).
+    proof_key: etree._Element | None = None
     signed_attachments: list[str] = field(default_factory=list)  # Content-IDs, each covered by the signature
 
     def covers(self, el: etree._Element) -> bool:
@@ -225,6 +227,8 @@ def _identify(st: _State) -> None:
     out = st.out
     if out.subject is not None or out.context is not None or out.symmetric_key is None or out.key_reference is None:
         return
+    if out.proof_key is not None:
+        return  # the key a SAML assertion confirms: the assertion names the sender (saml.confirm)
     if out.key_reference.kind == "key_name":
         out.subject = f"key:{out.key_reference.value}"
         return
@@ -490,12 +494,25 @@ def _resolve_secret(st: _State, ref: keys.KeyRef) -> bytes | None:
     return None
 
 
-def _resolve_certificate(st: _State, ref: keys.KeyRef) -> x509.Certificate:
+def _holder_key(st: _State, ref: keys.KeyRef) -> x509.Certificate | bytes | None:
+    """Where the signature's KeyInfo names the header's SAML assertion (SAML Token Profile 1.1, 3.5): the key it
+    confirms, its certificate or the symmetric key of its EncryptedKey, opened with the route's key under the rules
+    of any EncryptedKey (one FailedCheck whatever fails). None where the KeyInfo names something else."""
     a = st.out.assertion
-    if ref.kind == "saml_id" or (ref.kind == "reference" and a is not None and ref.value == a.id):
-        if a is None or st.creds.saml is None or ref.value != a.id:
-            raise faults.security("SecurityTokenUnavailable", "reference names no SAML assertion read before it")
-        return st.creds.saml.holder_key(a)
+    if not (ref.kind == "saml_id" or (ref.kind == "reference" and a is not None and ref.value == a.id)):
+        return None
+    if a is None or st.creds.saml is None or ref.value != a.id:
+        raise faults.security("SecurityTokenUnavailable", "reference names no SAML assertion read before it")
+    key = st.creds.saml.holder_key(a)
+    if isinstance(key, x509.Certificate):
+        return key
+    secret = _open_encrypted_key(st, key)
+    if len(secret) < signature.MIN_HMAC_KEY:
+        raise encryption.failed(f"holder-of-key EncryptedKey: a key of {len(secret)} bytes")
+    return secret
+
+
+def _resolve_certificate(st: _State, ref: keys.KeyRef) -> x509.Certificate:
     if ref.kind == "reference":
         cert = st.tokens.get(ref.value)
         if cert is None:
@@ -556,9 +573,12 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     if key_info is None:
         raise faults.security("SecurityTokenUnavailable", "ds:Signature without ds:KeyInfo")
     ref = _named_key(st, keys.parse_key_info(key_info))
-    secret = _resolve_secret(st, ref)
+    holder = _holder_key(st, ref)
+    secret = _resolve_secret(st, ref) if holder is None else None
     key: x509.Certificate | bytes
-    if secret is not None:
+    if isinstance(holder, bytes):
+        key = holder  # the assertion, not the route's kind of signer, says which key signs (saml.confirm)
+    elif secret is not None:
         from_context = ref.kind == "reference" and ref.value in st.derived_ids
         if st.req.signer == "x509":
             raise faults.security("InvalidSecurity", "symmetric signature on a route that requires X.509")
@@ -568,7 +588,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     else:
         if st.req.signer == "symmetric":
             raise faults.security("InvalidSecurity", "X.509 signature on a route that requires a symmetric key")
-        key = _resolve_certificate(st, ref)
+        key = holder if isinstance(holder, x509.Certificate) else _resolve_certificate(st, ref)
         if st.creds.saml is not None:  # the assertion says whether this signer may sign (saml.confirm)
             st.out.signer_certificate = key
         elif st.creds.trust is None:
@@ -589,6 +609,8 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     if isinstance(key, bytes):
         st.out.symmetric_key = key
         st.out.key_reference = _reply_reference(st, ref, key)
+    if isinstance(holder, bytes) and st.out.assertion is not None and st.creds.saml is not None:
+        st.out.proof_key = st.creds.saml.holder_key(st.out.assertion)  # the EncryptedKey, by identity
     return False
 
 
