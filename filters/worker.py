@@ -202,7 +202,9 @@ class Worker:
             if spans is not None:
                 spans.finish(fault_reason)
 
-    def _handle(self, route_name: str, phase: str, received: Body | bytes, headers: dict[str, str], p: InFlight) -> Answer:
+    def _handle(
+        self, route_name: str, phase: str, received: Body | bytes, headers: dict[str, str], p: InFlight
+    ) -> Answer:
         archive = self.archives.get(route_name)
         body: bytes | memoryview = b""
         try:

@@ -161,7 +161,10 @@ impl Stream {
         match result {
             Ok(out) => {
                 counters::phase(phase, Outcome::Passed);
-                Step::Reply(Outgoing::Message(ProcessingResponse { response: Some(out), ..Default::default() }))
+                Step::Reply(Outgoing::Message(Box::new(ProcessingResponse {
+                    response: Some(out),
+                    ..Default::default()
+                })))
             }
             Err((refusal, detail)) => self.refuse(refusal, phase, metric_phase, detail),
         }
@@ -312,7 +315,10 @@ fn answer_with(request: bool, reply: Reply) -> Step {
         let common = CommonResponse { header_mutation: Some(headers), ..Default::default() };
         let body_response = BodyResponse { response: Some(common) };
         let out = if request { Out::RequestBody(body_response) } else { Out::ResponseBody(body_response) };
-        return Step::Reply(Outgoing::Message(ProcessingResponse { response: Some(out), ..Default::default() }));
+        return Step::Reply(Outgoing::Message(Box::new(ProcessingResponse {
+            response: Some(out),
+            ..Default::default()
+        })));
     };
     // Envoy refuses a replaced body whose content-length no longer fits (and legacy SOAP servers want one).
     let length: usize = body.iter().map(Bytes::len).sum();
@@ -392,7 +398,10 @@ fn immediate(status: u32, headers: Vec<HeaderValueOption>, body: Vec<u8>) -> Out
         details: "wsgate".into(),
         ..Default::default()
     };
-    Outgoing::Message(ProcessingResponse { response: Some(Out::ImmediateResponse(response)), ..Default::default() })
+    Outgoing::Message(Box::new(ProcessingResponse {
+        response: Some(Out::ImmediateResponse(response)),
+        ..Default::default()
+    }))
 }
 
 #[cfg(test)]

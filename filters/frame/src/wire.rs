@@ -67,7 +67,7 @@ pub struct HttpBody {
 /// What the frame sends Envoy: a message, or a body phase's answer that sets `headers` and replaces the body with
 /// `body`'s segments joined.
 pub enum Outgoing {
-    Message(ProcessingResponse),
+    Message(Box<ProcessingResponse>),
     Body { request: bool, headers: HeaderMutation, body: Vec<Bytes> },
 }
 
@@ -121,7 +121,7 @@ impl Outgoing {
         use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Out;
         use envoy_types::pb::envoy::service::ext_proc::v3::{BodyMutation, BodyResponse, CommonResponse};
         match self {
-            Outgoing::Message(m) => m,
+            Outgoing::Message(m) => *m,
             Outgoing::Body { request, headers, body } => {
                 let common = CommonResponse {
                     header_mutation: Some(headers),
