@@ -86,12 +86,16 @@ impl Answer {
 }
 
 /// A body's segments, each a read-only view of the Python object's memory kept alive (not copied) until Envoy's
-/// message is written. Writable buffers are refused: the engine could change one after it was measured.
+/// message is written. A writable buffer (a bytearray the engine decrypted into) is copied: it could change after
+/// it was measured.
 fn segments(body: &Bound<'_, PyAny>) -> PyResult<Vec<Bytes>> {
     let one = |b: Bound<'_, PyAny>| -> PyResult<Bytes> {
         let buffer = PyBuffer::<u8>::get(&b)?;
-        if !buffer.readonly() || !buffer.is_c_contiguous() {
-            return Err(PyBufferError::new_err("an answer's body must be read-only contiguous bytes"));
+        if !buffer.is_c_contiguous() {
+            return Err(PyBufferError::new_err("an answer's body must be contiguous bytes"));
+        }
+        if !buffer.readonly() {
+            return Ok(Bytes::from(buffer.to_vec(b.py())?));
         }
         Ok(Bytes::from_owner(Lent(buffer)))
     };
