@@ -30,10 +30,11 @@ from pathlib import Path
 
 import wsgate_frame
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
-from wsgate_frame import Answer, RenderedFault, ReplayCheck, ReplayOutcome, Route, Table
+from wsgate_frame import Answer, Body, RenderedFault, ReplayCheck, ReplayOutcome, Route, Table
 
 from filters.engine import faults, metrics
 from filters.engine.engine import Engine, Exchange, RoutePipeline, fault_soap_version
+from filters.engine.mime.package import Segments, is_multipart
 from filters.engine.profiles import SecuredPipeline
 from filters.engine.wss.replay import DeferredKey, before_epoch
 from filters.engine.xml.xmlsupport import check_libxml2
@@ -177,7 +178,7 @@ class Worker:
         log.warning("refused route=%s phase=%s code=%s reason=%s", route_name, phase, reason, fault.reason)
 
     def handle(
-        self, route_name: str, phase: str, body: bytes, headers: dict[str, str], in_flight: InFlight | None
+        self, route_name: str, phase: str, body: Body | bytes, headers: dict[str, str], in_flight: InFlight | None
     ) -> Answer:
         """The one call from the frame into the engine, with the phase's headers (the request's, or the
         response's). Never raises: a fault is an answer, and so is a bug (a generic fault: fail closed, the
@@ -201,26 +202,33 @@ class Worker:
             if spans is not None:
                 spans.finish(fault_reason)
 
-    def _handle(self, route_name: str, phase: str, body: bytes, headers: dict[str, str], p: InFlight) -> Answer:
+    def _handle(
+        self, route_name: str, phase: str, received: Body | bytes, headers: dict[str, str], p: InFlight
+    ) -> Answer:
         archive = self.archives.get(route_name)
+        body: bytes | memoryview = b""
         try:
             if p.pipeline is None:
                 p.pipeline = self.engine.pipeline(route_name)
                 p.exchange = Exchange(route=p.pipeline.route)
                 p.label = (p.pipeline.route.name, p.pipeline.route.profile)
             assert p.exchange is not None
+            # A package a route takes is read where the frame holds it (its attachments never copied:
+            # docs/attachments.md); any other body as bytes, as lxml parses them.
+            multipart = p.pipeline.route.attachments.accept and is_multipart(headers.get("content-type"))
+            body = memoryview(received) if multipart else bytes(received)
             if phase == "request":
                 if archive is not None:
                     archive.admit()
                 out = p.pipeline.request(body, p.headers, p.exchange)
                 if archive is not None and out.verified is not None and archive.keeps("signed_requests"):
-                    archive.keep("request", "accepted", body, p.headers, out)
+                    archive.keep("request", "accepted", bytes(body), p.headers, out)
             else:
                 p.exchange.response_type = headers.get("content-type")
                 out = p.pipeline.response(body, p.exchange)
                 if archive is not None and out.body is not None and archive.keeps("signed_replies"):
                     if isinstance(p.pipeline, SecuredPipeline):
-                        archive.keep("reply", "signed", out.body, p.headers, out)
+                        archive.keep("reply", "signed", _joined(out.body), p.headers, out)
             check = None
             if out.replay:
                 p.replay = out.replay
@@ -230,7 +238,7 @@ class Worker:
         except faults.Fault as fault:
             self._count(fault, p.label, phase, route_name)
             if archive is not None and archive.keeps("refusals") and not fault.reason.startswith("archive "):
-                archive.keep("refusal", "refused", body, p.headers, reason=fault.reason)
+                archive.keep("refusal", "refused", bytes(received), p.headers, reason=fault.reason)
             raise _Refused(faults.metric_reason(fault), self._fault(fault, p)) from None
         except Exception:
             log.exception("internal error on route %s", route_name)
@@ -266,6 +274,10 @@ class Worker:
         version = fault_soap_version(p.exchange, p.headers)
         headers = [("content-type", faults.content_type(version))]
         return Answer.reply(fault.http_status, faults.render(fault, version), headers, p)
+
+
+def _joined(body: bytes | Segments) -> bytes:
+    return body if isinstance(body, bytes) else b"".join(body)
 
 
 def _replay_url(pipeline: RoutePipeline) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from filters.engine import faults, metrics
 from filters.engine.mime import related
+from filters.engine.mime.package import Segments
 from filters.engine.wss.replay import DeferredKey
 from filters.engine.wss.wssecurity import Verified
 from filters.engine.xml import charset, schema_validation, wsdl
@@ -33,7 +34,7 @@ class Exchange:
 
 @dataclass
 class Outcome:
-    body: bytes | None  # None: pass the body on unchanged
+    body: bytes | Segments | None  # None: pass the body on unchanged; Segments: a package's pieces, in order
     set_headers: dict[str, str] = field(default_factory=dict)
     answer: bool = False  # the gateway answers this request itself with `body` (e.g. WS-Trust); no backend
     # Replay keys the caller must set before it answers (a deferred replay store): all new, or the key's fault.
@@ -66,17 +67,17 @@ class RoutePipeline:
         except wsdl.DocumentError as exc:
             raise faults.server(f"route {route.name}: {exc}") from None
 
-    def request(self, body: bytes, headers: Mapping[str, str], ex: Exchange) -> Outcome:
+    def request(self, body: bytes | memoryview, headers: Mapping[str, str], ex: Exchange) -> Outcome:
         env = self.parse_request(body, headers, ex)
         self.validate(env, request=True)
         return self.send(env, ex, headers.get("content-type"), request=True)
 
-    def response(self, body: bytes, ex: Exchange) -> Outcome:
+    def response(self, body: bytes | memoryview, ex: Exchange) -> Outcome:
         env = self.parse_response(body, ex)
         self.validate(env, request=False)
         return self.send(env, ex, None, request=False)
 
-    def parse_request(self, body: bytes, headers: Mapping[str, str], ex: Exchange) -> Envelope:
+    def parse_request(self, body: bytes | memoryview, headers: Mapping[str, str], ex: Exchange) -> Envelope:
         """The request's envelope: the body, or a multipart/related message's root part (its attachments kept in
         `ex` for `send`)."""
         attachments = self.route.attachments
@@ -111,7 +112,7 @@ class RoutePipeline:
         with metrics.stage(self.route, "schema"):
             self.schema.check(related.without_includes(env).body, request)
 
-    def parse_response(self, body: bytes, ex: Exchange) -> Envelope:
+    def parse_response(self, body: bytes | memoryview, ex: Exchange) -> Envelope:
         attachments = self.route.attachments
         try:
             with metrics.stage(self.route, "parse"):

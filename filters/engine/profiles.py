@@ -134,7 +134,7 @@ class SecuredPipeline(RoutePipeline):
             self.credentials.psk = keys.load_hmac_keys(route.hmac.keys_file)
         self.backend_issuer = saml_issuer.Issuer(route.backend_assertion) if route.backend_assertion else None
 
-    def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
+    def request(self, body: bytes | memoryview, headers: dict[str, str], ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_request(body, headers, ex)
         with metrics.stage(route, "security_header"):
@@ -175,7 +175,7 @@ class SecuredPipeline(RoutePipeline):
         out.verified, out.message_id = verified, message_id
         return out
 
-    def response(self, body: bytes, ex: Exchange) -> Outcome:
+    def response(self, body: bytes | memoryview, ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_response(body, ex)
         self.validate(env, request=False)
@@ -266,7 +266,7 @@ class SecureConversationPipeline(SecuredPipeline):
         sts = route.saml_token_service
         self.saml_issuer = saml_issuer.Issuer(sts) if sts else None
 
-    def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
+    def request(self, body: bytes | memoryview, headers: dict[str, str], ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_request(body, headers, ex)
         security = wssecurity.find_security(env)
@@ -378,7 +378,7 @@ class SamlPipeline(SecuredPipeline):
         self.validator = saml.validator(policy, issuer_trust)
         self.credentials.saml = self.validator
 
-    def request(self, body: bytes, headers: dict[str, str], ex: Exchange) -> Outcome:
+    def request(self, body: bytes | memoryview, headers: dict[str, str], ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_request(body, headers, ex)
         security = wssecurity.find_security(env)

@@ -1,15 +1,16 @@
 # The compiled frame's Python face (src/*.rs); maturin ships it in the wheel. `make lint` checks the glue
 # (filters/worker.py) against it with mypy, and it against the compiled module with mypy's stubtest.
+from collections.abc import Sequence
 from typing import Any, Protocol, final
 
-from typing_extensions import disjoint_base
+from typing_extensions import Buffer, disjoint_base
 
-__all__ = ["Answer", "RenderedFault", "ReplayCheck", "ReplayOutcome", "Route", "Table", "counters", "serve"]
+__all__ = ["Answer", "Body", "RenderedFault", "ReplayCheck", "ReplayOutcome", "Route", "Table", "counters", "serve"]
 
 class _Worker(Protocol):
     """What the frame calls back (filters/worker.py `Worker`)."""
 
-    def handle(self, route: str, phase: str, body: bytes, headers: dict[str, str], in_flight: Any, /) -> Answer: ...
+    def handle(self, route: str, phase: str, body: Body, headers: dict[str, str], in_flight: Any, /) -> Answer: ...
     def refused(self, route: str, phase: str, refusal: str, reason: str, /) -> None: ...
     def replay_refused(self, route: str, in_flight: Any, outcome: ReplayOutcome, /) -> Answer: ...
     def reload(self) -> Table | None: ...
@@ -75,19 +76,29 @@ class ReplayOutcome:
         def __new__(cls, reason: str) -> ReplayOutcome.Unavailable: ...
 
 @final
+class Body:
+    """A received body: `memoryview(body)` reads the frame's own bytes (read-only, never copied)."""
+
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __len__(self) -> int: ...
+
+# An answer's body: read-only bytes-like, or a sequence of them to join (the frame writes them to Envoy as they are).
+_Segments = Buffer | Sequence[Buffer]
+
+@final
 class Answer:
     status: int | None  # None: the message is passed on
-    body: bytes | None  # None: unchanged
+    body: _Segments | None  # None: unchanged
     headers: list[tuple[str, str]]
     in_flight: Any
     replay: ReplayCheck | None
     @staticmethod
     def forward(
-        body: bytes | None, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
+        body: _Segments | None, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
     ) -> Answer: ...
     @staticmethod
     def reply(
-        status: int, body: bytes, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
+        status: int, body: _Segments, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
     ) -> Answer: ...
 
 def serve(

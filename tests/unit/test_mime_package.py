@@ -90,3 +90,40 @@ def test_a_package_whose_root_a_secured_profile_changes_keeps_its_attachments_as
     assert out.endswith(
         bytes(pkg.attachments[0].raw_headers or b"") + b"\r\n\x89PNG...\r\n--" + build.BOUNDARY.encode() + b"--\r\n"
     )
+
+
+def _lent(body: bytes) -> memoryview:
+    """A body as the frame lends it: a read-only view of memory that is not a `bytes` object (mmap stands in for the
+    frame's `Body`), so a copy into `bytes` anywhere in the parser would show as a slice of another object."""
+    import mmap
+
+    m = mmap.mmap(-1, len(body))
+    m.write(body)
+    return memoryview(m).toreadonly()
+
+
+def test_copy_of_a_lent_body_none_attachments_are_slices_of_it_and_segments_keep_them() -> None:
+    ct, body = build.mtom({"a@test": b"\x00\x01" * 5000 + b"\r\n--not-the-boundary", "b@test": b"B" * 1000})
+    lent = _lent(body)
+    pkg = mime.parse(ct, lent, LIMITS)
+    assert all(isinstance(p.body, memoryview) and p.body.obj is lent.obj for p in pkg.parts)
+    segments = mime.segments(pkg)
+    assert b"".join(segments) == body == mime.serialize(pkg)
+    assert [s for s in segments if isinstance(s, memoryview) and s.obj is lent.obj and len(s) > 1000]
+
+
+@pytest.mark.parametrize("second", ["<a@test>", "<A@TEST>"])
+def test_duplicate_content_ids_in_a_lent_body_are_still_refused(second: str) -> None:
+    ct, body = build.mtom({"a@test": b"one", "b@test": b"two"})
+    body = body.replace(b"<b@test>", second.encode())
+    with pytest.raises(faults.Fault, match="duplicate Content-ID"):
+        mime.parse(ct, _lent(body), LIMITS)
+
+
+@pytest.mark.parametrize("tail", [b"junk", b"\r\n--" + b"x" * 10])
+def test_content_after_the_close_delimiter_of_a_lent_body_is_refused(tail: bytes) -> None:
+    ct, body = build.mtom({"a@test": b"one"})
+    if tail.startswith(b"\r\n--"):
+        tail = b"\r\n--" + ct.split('boundary="')[1].split('"')[0].encode() + b"\r\n"
+    with pytest.raises(faults.Fault, match="after the close delimiter"):
+        mime.parse(ct, _lent(body + tail), LIMITS)

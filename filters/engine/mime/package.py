@@ -6,7 +6,8 @@ starts a line, junk before the first and after the last delimiter, a missing clo
 place where the gateway and the backend could split the same bytes into different parts. Here there is one
 reading or a fault: CRLF line ends only, every occurrence of "--boundary" must be a delimiter, headers are
 unfolded ASCII and unique per part, and every limit is checked before anything is copied. Parts are memoryview
-slices of the one body: an attachment's bytes are never copied on the way through.
+slices of the one body (the frame's own bytes: filters/frame answer.rs `Body`), and a package is serialized as
+segments that keep them: an attachment's bytes are never copied on the way through.
 
 Content-IDs are kept without their angle brackets; `cid:` URLs (RFC 2392) are percent-decoded to compare."""
 
@@ -32,6 +33,8 @@ _CONTENT_ID = re.compile(r"<([!#$&'*+\-./0-9:=?@A-Z^_`a-z{|}~]{1,250})>")
 ROOT_TYPES = frozenset({"text/xml", "application/soap+xml", "application/xop+xml"})
 ENCODINGS = frozenset({"binary", "8bit", "7bit", "base64"})
 ROOT_ENCODINGS = frozenset({"binary", "8bit", "7bit"})
+# A serialized package: its pieces in order, joined only where they are written (the frame writes them to Envoy).
+Segments = tuple[bytes | memoryview, ...]
 
 
 class Limits(Protocol):
@@ -119,7 +122,7 @@ def is_multipart(content_type_header: str | None) -> bool:
     return m is not None and f"{m[1]}/{m[2]}".lower() == "multipart/related"
 
 
-def parse(content_type_header: str, body: bytes, limits: Limits) -> Package:
+def parse(content_type_header: str, body: bytes | memoryview, limits: Limits) -> Package:
     """The package, or the fault that names its first violation."""
     outer = media_type(content_type_header, "message")
     if outer.essence != "multipart/related":
@@ -159,37 +162,47 @@ def parse(content_type_header: str, body: bytes, limits: Limits) -> Package:
     return Package(root, tuple(rest), start, boundary, content_type_header)
 
 
+_LINE_ENDS = re.compile(rb"[\r\n]*")
+
+
 def _split(body: memoryview, boundary: bytes, limits: Limits) -> list[memoryview]:
     """The parts' bytes (headers and content) between the delimiters. Every "--boundary" in the body must be a
     delimiter (after CRLF, followed by CRLF or by the closing "--"): a boundary string anywhere else is refused,
-    not read as content, so no reader can find a part boundary the gateway did not."""
+    not read as content, so no reader can find a part boundary the gateway did not. The body is searched where it
+    is (`re` reads any buffer, in C): never copied."""
     dash = b"--" + boundary
-    raw = body.obj if isinstance(body.obj, bytes) else bytes(body)  # bytes.find: the search runs in C
+    delimiter = re.compile(re.escape(dash))
+
+    def at(pos: int, what: bytes) -> bool:
+        return body[pos : pos + len(what)] == what
+
+    def find(pos: int) -> int:
+        m = delimiter.search(body, pos)
+        return -1 if m is None else m.start()
+
     first = 0
-    while raw.startswith(CRLF, first):  # a preamble of blank lines is tolerated, nothing else
+    while at(first, CRLF):  # a preamble of blank lines is tolerated, nothing else
         first += 2
-    if not raw.startswith(dash, first):
+    if not at(first, dash):
         raise refused("message does not start with the boundary")
     chunks: list[memoryview] = []
-    at = first
+    nxt = first
     while True:
-        after = at + len(dash)
-        if raw.startswith(b"--", after):  # the close delimiter
-            tail = raw[after + 2 :]
-            if tail.strip(b"\r\n") or (raw.find(dash, after) != -1):
+        after = nxt + len(dash)
+        if at(after, b"--"):  # the close delimiter
+            if not _LINE_ENDS.fullmatch(body, after + 2) or find(after) != -1:
                 raise refused("content after the close delimiter")
             break
-        if not raw.startswith(CRLF, after):
+        if not at(after, CRLF):
             raise refused("boundary string inside content or followed by other than CRLF")
-        nxt = raw.find(dash, after)
+        nxt = find(after)
         if nxt == -1:
             raise refused("no close delimiter")
-        if raw[nxt - 2 : nxt] != CRLF:
+        if not at(nxt - 2, CRLF):
             raise refused("boundary string inside content (not after CRLF)")
         if len(chunks) == limits.max_parts:
             raise refused(f"more than {limits.max_parts} parts")
         chunks.append(body[after + 2 : nxt - 2])
-        at = nxt
     if not chunks:
         raise refused("no parts")
     return chunks
@@ -299,15 +312,20 @@ def _header_block(part: Part) -> bytes | memoryview:
     return b"".join(f"{n}: {v}\r\n".encode("ascii") for n, v in part.headers)
 
 
-def serialize(package: Package) -> bytes:
-    """The package as bytes: each part's header block and content as they are (byte-exact for untouched parts),
-    between the package's delimiters. One copy: the join."""
+def segments(package: Package) -> Segments:
+    """The package serialized: each part's header block and content as they are (byte-exact for untouched
+    parts, the very slices received), between the package's delimiters. No copy."""
     dash = b"--" + package.boundary.encode("ascii")
     pieces: list[bytes | memoryview] = []
     for p in package.parts:
         pieces += [dash, CRLF, _header_block(p), CRLF, p.body, CRLF]
     pieces += [dash, b"--", CRLF]
-    return b"".join(pieces)
+    return tuple(pieces)
+
+
+def serialize(package: Package) -> bytes:
+    """The package as bytes: its `segments` joined (one copy)."""
+    return b"".join(segments(package))
 
 
 def with_content(part: Part, body: bytes | memoryview, set_headers: Mapping[str, str] | None = None) -> Part:

@@ -40,7 +40,7 @@ class Message:
         return root.media.params.get("type", "") if self.xop else root.content_type
 
 
-def receive(content_type: str | None, body: bytes, policy: Attachments) -> Message | None:
+def receive(content_type: str | None, body: bytes | memoryview, policy: Attachments) -> Message | None:
     """The message's package, or None for a plain SOAP message."""
     if not mime.is_multipart(content_type):
         return None
@@ -83,9 +83,10 @@ def inline(msg: Message) -> None:
     msg.includes = []
 
 
-def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | None, str]:
-    """The body for the next hop (None: the message as it came) and its Content-Type. `reserialized`: the
-    pipeline changed the envelope (a secured profile)."""
+def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mime.Segments | None, str]:
+    """The body for the next hop (None: the message as it came; a package as segments, its attachments the
+    slices received) and its Content-Type. `reserialized`: the pipeline changed the envelope (a secured
+    profile)."""
     package = msg.package
     rest = tuple(p for p in package.attachments if p.content_id not in msg.inlined)
     if msg.inlined and not rest:  # nothing left to package: one SOAP envelope
@@ -96,7 +97,7 @@ def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | No
     if reserialized or msg.inlined:
         content_type = charset.content_type(root.content_type, "utf-8", env.version)
         root = mime.with_content(root, env.serialize(), {"Content-Type": content_type})
-    return mime.serialize(replace(package, root=root, attachments=rest)), package.content_type
+    return mime.segments(replace(package, root=root, attachments=rest)), package.content_type
 
 
 def without_includes(env: Envelope) -> Envelope:

@@ -19,12 +19,12 @@ mod counters;
 mod replay;
 mod service;
 mod table;
+mod wire;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -32,10 +32,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-use answer::Answer;
+use answer::{Answer, Body};
 use replay::{ReplayCheck, ReplayOutcome, Stores};
 use service::{Frame, Shared, BUDGET};
 use table::{RenderedFault, Route, Table};
+use wire::ExtProc;
 
 // Envoy may send a whole body in one message: allow it a large window rather than many round trips.
 const STREAM_WINDOW: u32 = 8 * 1024 * 1024;
@@ -74,9 +75,7 @@ async fn run(shared: Arc<Shared>, addr: SocketAddr, max_message_bytes: usize, gr
     let mut hangup = signal(SignalKind::hangup())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
-    let service = ExternalProcessorServer::new(Frame(shared.clone()))
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes);
+    let service = ExtProc::new(Frame(shared.clone()), max_message_bytes);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
         .initial_stream_window_size(STREAM_WINDOW)
@@ -149,6 +148,7 @@ fn wsgate_frame(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Route>()?;
     m.add_class::<RenderedFault>()?;
     m.add_class::<Answer>()?;
+    m.add_class::<Body>()?;
     m.add_class::<ReplayCheck>()?;
     m.add_class::<ReplayOutcome>()?;
     Ok(())

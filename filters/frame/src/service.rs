@@ -1,29 +1,29 @@
 //! The ext_proc service: one gRPC stream per HTTP exchange (`Stream`). Header phases are answered here from the
 //! route table; each body phase is one call into the Python engine (`worker.handle`, which returns an `Answer`:
-//! answer.rs), made on this thread with the GIL re-taken for the call only.
+//! answer.rs), made on this thread with the GIL re-taken for the call only. Bodies travel without copies (wire.rs):
+//! the engine reads the received bytes through a `Body` and answers with segments written straight to Envoy.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValueOption;
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
-use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
-use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as In;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Out;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpHeaders, ImmediateResponse,
-    ProcessingRequest, ProcessingResponse, TrailersResponse,
+    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpHeaders, ImmediateResponse, ProcessingResponse,
+    TrailersResponse,
 };
+use prost::bytes::Bytes;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyDict;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::answer::{header, Answer, Reply};
+use crate::answer::{header, Answer, Body, Reply};
 use crate::budget::{Budget, Ticket};
 use crate::counters::{self, Outcome, Phase};
 use crate::replay::{Epoch, ReplayCheck, ReplayOutcome, Stores};
 use crate::table::{Refusal, Route, Table};
+use crate::wire::{In, Incoming, Outgoing};
 
 /// The gRPC metadata naming the route (gateway/control/envoy_config.py sets it per route).
 const ROUTE_METADATA: &str = "x-wsgate-route";
@@ -54,16 +54,11 @@ impl Shared {
 
 pub struct Frame(pub Arc<Shared>);
 
-type ResponseStream = Pin<Box<dyn futures_util::Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+pub type ResponseStream = Pin<Box<dyn futures_util::Stream<Item = Result<Outgoing, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl ExternalProcessor for Frame {
-    type ProcessStream = ResponseStream;
-
-    async fn process(
-        &self,
-        request: Request<Streaming<ProcessingRequest>>,
-    ) -> Result<Response<ResponseStream>, Status> {
+impl Frame {
+    /// Envoy's `Process` call: one stream per exchange (wire.rs serves it).
+    pub fn process(&self, request: Request<Streaming<Incoming>>) -> Response<ResponseStream> {
         let metadata = |name: &str| request.metadata().get(name).and_then(|v| v.to_str().ok());
         let route_name = metadata(ROUTE_METADATA).unwrap_or("");
         // In-flight exchanges keep the table they started with; a reload only changes new ones.
@@ -88,13 +83,13 @@ impl ExternalProcessor for Frame {
                 }
             }
         });
-        Ok(Response::new(Box::pin(responses)))
+        Response::new(Box::pin(responses))
     }
 }
 
 enum Step {
-    Reply(ProcessingResponse),
-    Last(ProcessingResponse), // an immediate response: the exchange ends here
+    Reply(Outgoing),
+    Last(Outgoing), // an immediate response: the exchange ends here
     Nothing,
     Check(Box<Check>), // the engine's verdict, once its replay keys are set (replay.rs)
 }
@@ -137,7 +132,7 @@ impl Stream {
         }
     }
 
-    fn on_message(&mut self, msg: ProcessingRequest) -> Step {
+    fn on_message(&mut self, msg: Incoming) -> Step {
         let Some(request) = msg.request else { return Step::Nothing };
         let (phase, metric_phase) = match &request {
             In::RequestHeaders(_) => (Phase::RequestHeaders, "request"),
@@ -166,7 +161,10 @@ impl Stream {
         match result {
             Ok(out) => {
                 counters::phase(phase, Outcome::Passed);
-                Step::Reply(ProcessingResponse { response: Some(out), ..Default::default() })
+                Step::Reply(Outgoing::Message(Box::new(ProcessingResponse {
+                    response: Some(out),
+                    ..Default::default()
+                })))
             }
             Err((refusal, detail)) => self.refuse(refusal, phase, metric_phase, detail),
         }
@@ -192,7 +190,7 @@ impl Stream {
     }
 
     /// A body phase: reserve the body in the budget, then hand it to the engine.
-    fn body(&mut self, phase: Phase, body: Vec<u8>) -> Step {
+    fn body(&mut self, phase: Phase, body: Bytes) -> Step {
         let request = matches!(phase, Phase::RequestBody);
         let metric_phase = if request { "request" } else { "response" };
         if let Err(detail) = self.ticket.take(body.len() as u64) {
@@ -234,11 +232,11 @@ impl Stream {
             let in_flight = self.in_flight.as_ref().map(|s| s.clone_ref(py));
             let args = (self.route_name.as_str(), in_flight, outcome);
             let call = self.shared.worker.bind(py).call_method1("replay_refused", args);
-            call.and_then(|answer| Ok(answer.cast::<Answer>()?.get().read(py).0)).map_err(|err| err.display(py))
+            call.and_then(|answer| Ok(answer.cast::<Answer>()?.get().read(py)?.0)).map_err(|err| err.display(py))
         });
         match refused {
             Ok(Reply { status: Some(status), body, headers }) => {
-                Step::Last(immediate(status, headers, body.unwrap_or_default()))
+                Step::Last(immediate(status, headers, body.unwrap_or_default().concat()))
             }
             // A refusal that would pass the message on is none: fail closed.
             Ok(Reply { status: None, .. }) | Err(()) => self.internal_fault(),
@@ -253,7 +251,7 @@ impl Stream {
         &mut self,
         py: Python<'_>,
         phase: &str,
-        body: Vec<u8>,
+        body: Bytes,
     ) -> Result<(Reply, Option<Py<ReplayCheck>>), ()> {
         let result = (|| -> PyResult<_> {
             let headers = PyDict::new(py);
@@ -268,11 +266,10 @@ impl Stream {
                 }
             }
             let in_flight = self.in_flight.take();
-            let bytes = PyBytes::new(py, &body);
-            drop(body); // the engine's copy is the one body held from here (a 50 MB attachment: not twice)
-            let args = (self.route_name.as_str(), phase, bytes, headers, in_flight);
+            let body = Py::new(py, Body(body))?; // the engine's view of the frame's bytes: no copy
+            let args = (self.route_name.as_str(), phase, body, headers, in_flight);
             let answer = self.shared.handle.bind(py).call1(args)?;
-            let (reply, in_flight, replay) = answer.cast::<Answer>()?.get().read(py);
+            let (reply, in_flight, replay) = answer.cast::<Answer>()?.get().read(py)?;
             self.in_flight = Some(in_flight);
             Ok((reply, replay))
         })();
@@ -311,20 +308,23 @@ impl Drop for Stream {
 fn answer_with(request: bool, reply: Reply) -> Step {
     let Reply { status, body: new_body, headers: mut set } = reply;
     if let Some(status) = status {
-        return Step::Last(immediate(status, set, new_body.unwrap_or_default()));
+        return Step::Last(immediate(status, set, new_body.unwrap_or_default().concat()));
     }
-    if let Some(b) = &new_body {
-        // Envoy refuses a replaced body whose content-length no longer fits (and legacy SOAP servers want one).
-        set.push(header("content-length", &b.len().to_string()));
-    }
-    let common = CommonResponse {
-        header_mutation: Some(HeaderMutation { set_headers: set, ..Default::default() }),
-        body_mutation: new_body.map(|b| BodyMutation { mutation: Some(Mutation::Body(b)) }),
-        ..Default::default()
+    let Some(body) = new_body else {
+        let headers = HeaderMutation { set_headers: set, ..Default::default() };
+        let common = CommonResponse { header_mutation: Some(headers), ..Default::default() };
+        let body_response = BodyResponse { response: Some(common) };
+        let out = if request { Out::RequestBody(body_response) } else { Out::ResponseBody(body_response) };
+        return Step::Reply(Outgoing::Message(Box::new(ProcessingResponse {
+            response: Some(out),
+            ..Default::default()
+        })));
     };
-    let body_response = BodyResponse { response: Some(common) };
-    let out = if request { Out::RequestBody(body_response) } else { Out::ResponseBody(body_response) };
-    Step::Reply(ProcessingResponse { response: Some(out), ..Default::default() })
+    // Envoy refuses a replaced body whose content-length no longer fits (and legacy SOAP servers want one).
+    let length: usize = body.iter().map(Bytes::len).sum();
+    set.push(header("content-length", &length.to_string()));
+    let headers = HeaderMutation { set_headers: set, ..Default::default() };
+    Step::Reply(Outgoing::Body { request, headers, body })
 }
 
 /// A request's headers on an XML route: a SOAP POST with a body within the route's limit, or a refusal. Returns
@@ -390,7 +390,7 @@ fn header_list(h: &HttpHeaders) -> Vec<(String, String)> {
         .collect()
 }
 
-fn immediate(status: u32, headers: Vec<HeaderValueOption>, body: Vec<u8>) -> ProcessingResponse {
+fn immediate(status: u32, headers: Vec<HeaderValueOption>, body: Vec<u8>) -> Outgoing {
     let response = ImmediateResponse {
         status: Some(HttpStatus { code: status as i32 }),
         headers: Some(HeaderMutation { set_headers: headers, ..Default::default() }),
@@ -398,7 +398,10 @@ fn immediate(status: u32, headers: Vec<HeaderValueOption>, body: Vec<u8>) -> Pro
         details: "wsgate".into(),
         ..Default::default()
     };
-    ProcessingResponse { response: Some(Out::ImmediateResponse(response)), ..Default::default() }
+    Outgoing::Message(Box::new(ProcessingResponse {
+        response: Some(Out::ImmediateResponse(response)),
+        ..Default::default()
+    }))
 }
 
 #[cfg(test)]
