@@ -41,8 +41,7 @@ class Spool:
         """Spool `p`; the offset after it (the writer marks it done once archived)."""
         frame = to_spool(p)
         with self.lock:
-            os.write(self.fd, frame)
-            self.size += len(frame)
+            self.size += os.writev(self.fd, frame)
             return self.size
 
     def done(self, offset: int) -> None:
