@@ -36,7 +36,7 @@ from filters.stores.archive.record import (
     verify_chain,
 )
 from filters.stores.archive.segments import SegmentStore
-from filters.stores.archive.writer import Writer
+from filters.stores.archive.writer import BATCH_WAIT_S, Writer
 from gateway.control.audit import reverify
 from gateway.policy import ArchivePolicy, Route
 from tests.support.archive import fill, pending, with_message_id
@@ -140,6 +140,19 @@ def test_writer_drains_its_queue_and_checkpoints_on_stop(pki: Path, tmp_path: Pa
     cert = keys.load_certificate(pki / "gateway-sign.pem")
     report = verify_chain(store.records(), store.checkpoints(), cert, start=store.start(), head=store.head())
     assert report.intact and report.records == 300 and report.checkpoints == 1
+
+
+def test_writer_gathers_a_steady_trickle_into_few_batches(pki: Path, tmp_path: Path) -> None:
+    # A batch's fixed cost (the lock, two fsyncs, a key wrap) is shared by what arrives within BATCH_WAIT_S.
+    writer = Writer(ArchivePolicy(directory=str(tmp_path), signing_key=str(pki / "gateway-sign.key")))
+    started = time.monotonic()
+    for i in range(200):
+        assert writer.submit(pending(pki, i))
+        time.sleep(0.005)
+    elapsed = time.monotonic() - started
+    writer.close(10)
+    batches = {r.fields["body"]["batch"] for r in SegmentStore(tmp_path, "default").records()}
+    assert len(batches) <= elapsed / BATCH_WAIT_S + 2
 
 
 def test_archive_policy_rules(pki: Path) -> None:
