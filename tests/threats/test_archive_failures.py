@@ -17,9 +17,10 @@ import psycopg
 import pytest
 
 from filters.stores.archive.segments import SegmentStore
+from filters.stores.archive.spool import Spool
 from filters.stores.archive.writer import Writer
 from gateway.policy import ArchivePolicy
-from tests.support.archive import archived_route, audit, metric, with_message_id
+from tests.support.archive import archived_route, audit, metric, pending, with_message_id
 from tests.support.harness import GatewayFactory, LiveGateway, fault_code
 from tests.support.postgres import Postgres, remove, start_postgres
 
@@ -181,3 +182,47 @@ def test_worker_killed_with_queued_records_loses_none(pki: Path, tmp_path: Path)
     ids = [r.fields["id"] for r in store.records()]
     assert len(ids) == len(set(ids)) == 3000  # each once: what was archived before the kill is not again
     assert not list((tmp_path / "spool").glob("*.spool"))
+
+
+def test_spool_under_steady_traffic_does_not_fill_the_disk(pki: Path, tmp_path: Path) -> None:
+    # The writer is always a few records behind (never all archived at once): the spool must still shrink.
+    spool = Spool(tmp_path, "s", rotate_bytes=16 << 10)
+    positions, biggest = [], 0
+    for i in range(400):
+        positions.append(spool.append(pending(pki, i)))
+        if i >= 3:
+            spool.done(positions[i - 3])
+        biggest = max(biggest, sum(p.stat().st_size for p in tmp_path.glob("*.spool")))
+    assert positions[-1] > 30 * (16 << 10) and biggest < 2 * (16 << 10)  # the traffic, and what was kept at most
+    assert len(list(tmp_path.glob("*.spool"))) <= 2
+
+
+KILLED_ROTATING_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from filters.stores.archive.spool import Spool
+from tests.support.archive import pending
+pki, directory = Path(sys.argv[1]), sys.argv[2]
+spool = Spool(directory, "s", rotate_bytes=4096)
+positions = [spool.append(pending(pki, i)) for i in range(40)]
+spool.done(positions[9])  # ten archived
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_killed_writers_rotated_spool_taken_over_whole_and_in_order(pki: Path, tmp_path: Path) -> None:
+    got = subprocess.run([sys.executable, "-c", KILLED_ROTATING_WRITER, str(pki), str(tmp_path / "spool")],
+                         timeout=120, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert got.returncode == -signal.SIGKILL
+    left = list((tmp_path / "spool").glob("*.spool"))
+    assert len(left) > 1  # rotated, the archived files removed
+    (tmp_path / "spool" / "s.x.spool").write_bytes(b"")  # not a writer's spool of stream "s"
+    (tmp_path / "spool" / "s.x.1.spool").write_bytes(b"")  # a writer's of stream "s.x"
+    survivor = Spool(tmp_path / "spool", "s")
+    found = survivor.orphans()
+    assert [p.message_id for _, pending in found for p in pending] == [f"urn:uuid:m{i}" for i in range(10, 40)]
+    assert {path for path, _ in found} == set(left)
+    for path, _ in found:
+        survivor.release(path)
+    survivor.close()
+    assert sorted(p.name for p in (tmp_path / "spool").glob("*.spool")) == ["s.x.1.spool", "s.x.spool"]

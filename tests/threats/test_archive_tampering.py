@@ -12,6 +12,7 @@ import pytest
 
 from filters.engine.wss import keys
 from filters.stores.archive.record import (
+    GENESIS,
     ChainReport,
     Stored,
     canonical,
@@ -45,6 +46,18 @@ def reseal(rec: Stored, **changes: object) -> Stored:
     meta = {**rec.fields, **changes}
     text = canonical(meta)
     return Stored(text, rec.body, record_hash(text, rec.body))
+
+
+def rewritten(t: Tamper, pki: Path, records: list[Stored]) -> ChainReport:
+    """`records` renumbered and re-linked from the first on, written with the head moved to the last: a chain
+    consistent in itself, as a forger who recomputes every hash leaves it; verify-chain's report."""
+    prev, out = GENESIS, []
+    for seq, rec in enumerate(records, 1):
+        out.append(reseal(rec, seq=seq, prev=prev))
+        prev = out[-1].hash
+    t.write(out)
+    t.set_head(out[-1])
+    return check(t, pki)
 
 
 def test_untouched_archive_is_intact(archive: Tamper, pki: Path) -> None:
@@ -92,16 +105,42 @@ def test_deleted_tail_found(archive: Tamper, pki: Path) -> None:
 
 def test_inserted_record_found(archive: Tamper, pki: Path) -> None:
     recs = archive.records()
-    # A forged record sealed properly after seq 3, and everything after it renumbered and re-linked: the chain
-    # itself is consistent again, the signed checkpoints are not.
-    forged = [*recs[:3], seal(pending(pki, 99, identity="CN=forged"), archive.store.stream, 4, recs[2].hash)]
-    for rec in recs[3:]:
-        prev = forged[-1]
-        forged.append(reseal(rec, seq=prev.fields["seq"] + 1, prev=prev.hash))
-    archive.write(forged)
-    archive.set_head(forged[-1])
-    report = check(archive, pki)
-    assert not report.intact and "checkpoint at seq 5" in report.break_at
+    # A forged record sealed properly after seq 5 (between two batches: inside one, the batch shows it), and
+    # everything after it renumbered and re-linked: the chain itself is consistent again, the signed checkpoints
+    # are not.
+    forged = seal(pending(pki, 99, identity="CN=forged"), archive.store.stream, 6, recs[4].hash)
+    report = rewritten(archive, pki, [*recs[:5], forged, *recs[5:]])
+    assert not report.intact and "checkpoint at seq 10" in report.break_at
+
+
+def test_record_inserted_into_a_batch_found(archive: Tamper, pki: Path) -> None:
+    recs = archive.records()
+    forged = seal(pending(pki, 99, identity="CN=forged"), archive.store.stream, 4, recs[2].hash)
+    report = rewritten(archive, pki, [*recs[:3], forged, *recs[3:]])
+    assert not report.intact and "record seq 5" in report.break_at and "moved between batches" in report.break_at
+
+
+def test_record_moved_between_batches_found(archive: Tamper, pki: Path) -> None:
+    recs = archive.records()  # two batches: seq 1-5 and 6-10
+    report = rewritten(archive, pki, [*recs[:1], *recs[2:7], recs[1], *recs[7:]])
+    assert not report.intact and "record seq 7" in report.break_at and "moved between batches" in report.break_at
+
+
+def test_batch_key_swapped_found(archive: Tamper, pki: Path) -> None:
+    # Anyone can wrap a data key to the body key's certificate: the forger encrypts another original under a key
+    # of their own and puts it into a batch as if sealed with it.
+    recs = archive.records()
+    forged = seal(pending(pki, 99, identity="CN=forged"), archive.store.stream, 3, recs[1].hash)
+    forged = reseal(forged, body={**forged.fields["body"], "batch": recs[2].fields["body"]["batch"]})
+    report = rewritten(archive, pki, [*recs[:2], forged, *recs[3:]])
+    assert not report.intact and "record seq 3" in report.break_at and "batch key swapped" in report.break_at
+
+
+def test_nonce_reuse_in_a_batch_found(archive: Tamper, pki: Path) -> None:
+    recs = archive.records()
+    recs[3] = reseal(recs[3], body={**recs[3].fields["body"], "nonce": recs[2].fields["body"]["nonce"]})
+    report = rewritten(archive, pki, recs)
+    assert not report.intact and "record seq 4" in report.break_at and "nonce reuse" in report.break_at
 
 
 def test_inserted_record_without_relinking_found(archive: Tamper, pki: Path) -> None:

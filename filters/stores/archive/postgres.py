@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from filters.stores.archive.record import GENESIS, SEARCH_FIELDS, Pending, Stored, seal
+from filters.stores.archive.record import GENESIS, SEARCH_FIELDS, BatchKeys, Pending, Stored, seal
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS audit_streams (
@@ -91,10 +91,10 @@ class PostgresStore:
             ).fetchone()
             assert row is not None
             seq, prev = row
-            rows = []
+            rows, keys = [], BatchKeys()
             for p in batch:
                 seq += 1
-                rec = seal(p, self.stream, seq, prev)
+                rec = seal(p, self.stream, seq, prev, keys)
                 prev = rec.hash
                 meta = rec.fields
                 rows.append(

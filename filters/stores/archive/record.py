@@ -2,8 +2,9 @@
 chained to the previous one of its stream) and how a stream's chain and its signed checkpoints are checked.
 
 A record is stored as three parts: `meta`, its canonical JSON text (searchable: nothing in it is the body);
-`body`, the AES-256-GCM ciphertext of the bytes as received or sent (the data key wrapped by RSA-OAEP to the
-policy's body key certificate, the record id as associated data); `hash` = SHA-256(meta text, body). The meta
+`body`, the AES-256-GCM ciphertext of the bytes as received or sent (under its batch's data key, which the meta
+holds wrapped by RSA-OAEP to the policy's body key certificate; a nonce of its own, the record id as associated
+data); `hash` = SHA-256(meta text, body). The meta
 holds the stream, the sequence number and the previous record's hash: changing, removing, inserting or
 reordering a record breaks the links after it, and a checkpoint (a stream position and its hash, signed by the
 gateway's key) pins the chain so that its tail cannot be rewritten wholesale either."""
@@ -86,18 +87,37 @@ def iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="microseconds")
 
 
-def seal(p: Pending, stream: str, seq: int, prev: str) -> Stored:
-    """Encrypt the body to the body key and chain the record after `prev` (the stream's record `seq - 1`)."""
+class BatchKeys:
+    """The data keys of one batch (one append to a store): a fresh AES-256 key per body key, wrapped by RSA-OAEP
+    once for the whole batch (a public-key operation per record was most of a record's sealing cost). Every
+    record still carries the wrapped key, so it opens alone; `batch` names the batch, and `verify_chain` checks
+    that a batch's records are consecutive, share its key and never share a nonce."""
+
+    def __init__(self) -> None:
+        self.id = uuid.uuid4().hex
+        self._keys: dict[bytes, tuple[AESGCM, dict[str, str]]] = {}
+
+    def key(self, body_key: bytes) -> tuple[AESGCM, dict[str, str]]:
+        """The AEAD and the envelope's shared fields for bodies encrypted to `body_key`."""
+        got = self._keys.get(body_key)
+        if got is None:
+            data_key = AESGCM.generate_key(256)
+            wrapped = _public_key(body_key).encrypt(data_key, _OAEP)
+            envelope = {"alg": "A256GCM+RSA-OAEP-256", "key": base64.b64encode(wrapped).decode(),
+                        "key_id": hashlib.sha256(body_key).hexdigest()[:16], "batch": self.id}  # fmt: skip
+            got = self._keys[body_key] = (AESGCM(data_key), envelope)
+        return got
+
+
+def seal(p: Pending, stream: str, seq: int, prev: str, keys: BatchKeys | None = None) -> Stored:
+    """Encrypt the body under the batch's data key (`keys`; None: a batch of this record alone) and chain the
+    record after `prev` (the stream's record `seq - 1`)."""
     ciphertext, envelope = b"", None
     if p.body is not None:
-        data_key, nonce = AESGCM.generate_key(256), os.urandom(12)
-        ciphertext = AESGCM(data_key).encrypt(nonce, p.body, p.id.encode())
-        envelope = {
-            "alg": "A256GCM+RSA-OAEP-256",
-            "key": base64.b64encode(_public_key(p.body_key).encrypt(data_key, _OAEP)).decode(),
-            "nonce": base64.b64encode(nonce).decode(),
-            "key_id": hashlib.sha256(p.body_key).hexdigest()[:16],
-        }
+        aead, shared = (keys or BatchKeys()).key(p.body_key)
+        nonce = os.urandom(12)  # 96 random bits per record: at most a batch's records share a key
+        ciphertext = aead.encrypt(nonce, p.body, p.id.encode())
+        envelope = {**shared, "nonce": base64.b64encode(nonce).decode()}
     meta = {
         "id": p.id,
         "stream": stream,
@@ -142,20 +162,21 @@ def _key_id(key: rsa.RSAPublicKey) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# A pending record as the spool keeps it (filters/stores/archive/spool.py): a JSON header, then the body.
+# A pending record as the spool keeps it (filters/stores/archive/spool.py): a JSON header (the scalar fields and
+# the lengths of the binary fields), then the binary fields as they are: no base64 on the request's path.
 
 _FRAME = struct.Struct(">II")
 
 
-def to_spool(p: Pending) -> bytes:
+def to_spool(p: Pending) -> list[bytes]:
+    """The frame, as the buffers a writev() appends (the body is not copied)."""
+    blobs = (p.body_key, *p.chain, p.body or b"")
     head = {f: getattr(p, f) for f in _SCALARS}
-    head["body_key"] = base64.b64encode(p.body_key).decode()
-    head["chain"] = [base64.b64encode(c).decode() for c in p.chain]
     head["replay_keys"] = [k.hex() for k in p.replay_keys]
+    head["blobs"] = [len(b) for b in blobs]
     head["has_body"] = p.body is not None
     text = json.dumps(head).encode()
-    body = p.body or b""
-    return _FRAME.pack(len(text), len(body)) + text + body
+    return [_FRAME.pack(len(text), sum(head["blobs"])), text, *blobs]
 
 
 def from_spool(data: bytes, offset: int) -> tuple[Pending, int] | None:
@@ -168,11 +189,20 @@ def from_spool(data: bytes, offset: int) -> tuple[Pending, int] | None:
     if end > len(data):
         return None
     head = json.loads(data[start : start + n_head])
+    if "blobs" in head:
+        at, blobs = start + n_head, []
+        for n in head["blobs"]:
+            blobs.append(data[at : at + n])
+            at += n
+        body_key, *chain, body = blobs
+    else:  # a frame spooled by an earlier version (base64 in the header), left by a killed worker
+        body_key, body = base64.b64decode(head["body_key"]), data[start + n_head : end]
+        chain = [base64.b64decode(c) for c in head["chain"]]
     p = Pending(
         **{f: head[f] for f in _SCALARS},
-        body=data[start + n_head : end] if head["has_body"] else None,
-        body_key=base64.b64decode(head["body_key"]),
-        chain=tuple(base64.b64decode(c) for c in head["chain"]),
+        body=body if head["has_body"] else None,
+        body_key=body_key,
+        chain=tuple(chain),
         replay_keys=tuple(bytes.fromhex(k) for k in head["replay_keys"]),
     )
     return p, end
@@ -266,6 +296,7 @@ def verify_chain(
     be beyond (one added past it). `columns`: a database's search columns
     per record, which must agree with the meta."""
     report = ChainReport()
+    batches = _Batches()
     seen: dict[int, str] = {}
     cols: Iterator[dict] | None = iter(columns) if columns is not None else None
     expect = start
@@ -279,6 +310,8 @@ def verify_chain(
             if seq != expect[0]:
                 return _broken(report, f"{where}: expected seq {expect[0]} (a record removed, inserted or moved)")
             return _broken(report, f"{where}: does not link to the record before it (altered or replaced)")
+        if (why := batches.check(meta["body"])) is not None:
+            return _broken(report, f"{where}: {why}")
         if cols is not None:
             row = next(cols)
             if any(row[k] != meta[k] for k in (*SEARCH_FIELDS, "seq", "stream")):
@@ -308,6 +341,34 @@ def verify_chain(
         if head is not None and doc["seq"] > (report.last_seq or 0):
             return _broken(report, f"checkpoint at seq {doc['seq']} is beyond the last record (tail removed)")
     return report
+
+
+class _Batches:
+    """The walk's view of the batches (BatchKeys): a batch's records are consecutive (no body: no batch), each
+    body key has one wrapped data key in a batch, and no nonce comes twice in one."""
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self.keys: dict[str, str] = {}  # key_id: the wrapped data key, in the current batch
+        self.nonces: set[str] = set()
+        self.ended: set[str] = set()
+
+    def check(self, envelope: dict | None) -> str | None:
+        if envelope is None or "batch" not in envelope:
+            return None  # no body, or sealed before batches (a data key of its own)
+        batch = envelope["batch"]
+        if batch != self.current:
+            if batch in self.ended:
+                return "sealed in a batch that ended before it (a record moved between batches)"
+            if self.current is not None:
+                self.ended.add(self.current)
+            self.current, self.keys, self.nonces = batch, {}, set()
+        if self.keys.setdefault(envelope["key_id"], envelope["key"]) != envelope["key"]:
+            return "its data key is not its batch's (a batch key swapped)"
+        if envelope["nonce"] in self.nonces:
+            return "a nonce its batch used before (nonce reuse)"
+        self.nonces.add(envelope["nonce"])
+        return None
 
 
 def _broken(report: ChainReport, why: str) -> ChainReport:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from filters.stores.archive.record import GENESIS, Pending, Stored, seal
+from filters.stores.archive.record import GENESIS, BatchKeys, Pending, Stored, seal
 
 
 class SegmentStore:
@@ -68,13 +68,12 @@ class SegmentStore:
             segment = state["segment"]
             if segment is None or state["day"] != day or (self.dir / segment).stat().st_size >= self.max_bytes:
                 segment = f"seg-{seq + 1:012d}.jsonl"
-            lines = []
+            lines, keys = [], BatchKeys()
             for p in batch:
                 seq += 1
-                rec = seal(p, self.stream, seq, prev)
+                rec = seal(p, self.stream, seq, prev, keys)
                 prev = rec.hash
-                body = base64.b64encode(rec.body).decode()
-                lines.append(json.dumps({"meta": rec.meta, "body": body, "hash": rec.hash}) + "\n")
+                lines.append(_line(rec))
             with open(self.dir / segment, "a") as f:
                 f.write("".join(lines))
                 f.flush()
@@ -178,3 +177,10 @@ class SegmentStore:
 
     def close(self) -> None:
         pass
+
+
+def _line(rec: Stored) -> str:
+    """The record's segment line, as json.dumps({"meta", "body", "hash"}) writes it, without a dict's encoding:
+    the meta text is the only part that needs escaping (hex and base64 never do)."""
+    body = base64.b64encode(rec.body).decode()
+    return f'{{"meta": {json.dumps(rec.meta)}, "body": "{body}", "hash": "{rec.hash}"}}\n'

@@ -8,6 +8,7 @@ batch that failed is retried, not lost; a stopping worker drains its queue (SIGT
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import queue
@@ -38,6 +39,7 @@ AVAILABLE = Gauge("wsgate_archive_available", "1 while the archive store takes w
 DEPTH = Gauge("wsgate_archive_queue_depth", "Records waiting for the archive writer", ["stream"])
 
 BATCH = 256
+BATCH_WAIT_S = 0.2  # how long the first record of a batch waits for more (up to BATCH)
 RETIRE_EVERY_S = 3600.0
 ORPHANS_EVERY_S = 2.0  # how often a writer looks for the spools of killed workers
 
@@ -134,6 +136,10 @@ class Writer:
             batch = [self.queue.get(timeout=0.2)]
         except queue.Empty:
             return []
+        if self.queue.qsize() < BATCH - 1:
+            # Group commit: a batch's fixed cost (two fsyncs, the lock, the head) is most of a small batch's; the
+            # records wait in the spool meanwhile, the request never does. A stopping writer does not wait.
+            self._stopping.wait(BATCH_WAIT_S)
         while len(batch) < BATCH:
             try:
                 batch.append(self.queue.get_nowait())
@@ -163,8 +169,8 @@ class Writer:
                 log.warning("archive stream %s available again", self.policy.stream)
             self._set_available(True)
             self._since_checkpoint += len(batch)
-            for p in batch:
-                RECORDS.labels(route=p.route, outcome="archived").inc()
+            for route, n in collections.Counter(p.route for p in batch).items():
+                RECORDS.labels(route=route, outcome="archived").inc(n)
             return
 
     def _set_available(self, up: bool) -> None:
