@@ -133,7 +133,11 @@ def cmd_render(args: argparse.Namespace) -> int:
             filter_endpoints=tuple(f"127.0.0.1:{9100 + i}" for i in range(args.workers)),
             certs_dir=str(args.certs), config_dir=str(args.config_dir),
         )  # fmt: skip
-    files = envoy_config.render(ps, topo)
+    try:
+        files = envoy_config.render(ps, topo)
+    except OSError as exc:  # a published ?wsdl reads the route's signing certificate
+        print(f"wsgate render: {exc}", file=sys.stderr)
+        return 1
     if args.out:
         envoy_config.write(files, args.out)
         for name, text in monitoring.render().items():  # the dashboard and alerts (docs/operations.md)

@@ -314,10 +314,6 @@ def test_a_replica_killed_under_load_loses_no_exchange_beyond_503s(stack: Stack)
     assert tail and all(k == "verified" for k in tail), Counter(tail)
 
 
-@pytest.mark.xfail(
-    reason="known regression of session 6's merges, to fix first: after the roll of an imported route "
-    "Envoy's container exits with code 1 (the rendered config passes envoy --mode validate)"
-)
 def test_a_policy_change_rolled_as_documented_takes_effect(stack: Stack, tmp_path: Path) -> None:
     """docs/compose.md: a route imported from a WSDL, rolled; its ?wsdl served and its signed call answered; then
     the change removed and rolled again, and the route is gone."""

@@ -141,6 +141,15 @@ def test_envoy_reads_what_the_config_and_certs_jobs_write(services: dict[str, di
     assert mounts(envoy)[topo.certs_dir] == ("certs", True)
 
 
+def test_config_job_reads_the_pki_a_published_wsdl_carries(services: dict[str, dict[str, Any]]) -> None:
+    """A route's ?wsdl is rendered with its signing certificate (pc:SigningCertificates), named relative to the
+    working directory as the filter's keys are: without the certs volume there, a roll that adds such a route
+    failed to render and Envoy kept the old routes (the Compose stack test's policy roll)."""
+    config = services["config"]
+    assert mounts(config)[f"/app/{pki.DEFAULT_DIR}"] == ("certs", True)
+    assert depends(config)["certs"] == "service_completed_successfully"
+
+
 def test_envoy_ports_are_on_loopback_only(services: dict[str, dict[str, Any]]) -> None:
     topo = envoy_config.compose_topology()
     assert ports(services["envoy"]) == {("127.0.0.1", p, p) for p in (topo.http_port, topo.https_port, topo.admin_port)}
