@@ -49,6 +49,8 @@ def test_caller_quotas_on_a_profile_that_verifies_no_caller_are_refused(tmp_path
     [
         ({"caller": {}}, "quotas.caller", "needs per_second, per_day or both"),
         ({"caller": {"per_second": 0}}, "quotas.caller.per_second", "greater than 0"),
+        # the rate-limit service's uint32: a larger limit fails its whole configuration (every request 503)
+        ({"caller": {"per_day": 2**32}}, "quotas.caller.per_day", "less than or equal to 4294967295"),
         ({"operations": {"urn:a": {"per_day": 1}}}, "quotas.operations", "identity_header"),
     ],
 )
