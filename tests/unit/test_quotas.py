@@ -167,17 +167,29 @@ def test_render_writes_the_service_configuration_beside_envoys(tmp_path: Path, p
     assert written.read_text() == rate_limit.service_config(load_dir(policies_dir))
 
 
-def test_targets_without_a_rate_limit_service_refuse_quotas(tmp_path: Path, pki: Path) -> None:
+def test_compose_render_always_writes_the_service_configuration(tmp_path: Path, pki: Path) -> None:
+    """Compose always runs the service: with quotas their limits, without any an empty domain (so a roll that
+    removes the last quota leaves no stale limit behind); Envoy's cluster names the Compose service."""
     policies_dir = tmp_path / "policies"
     policies_dir.mkdir()
     doc = route_doc(pki, "rsa", name="rsa", quotas=QUOTAS, replay={"store": "redis"})
     doc["upstream"] = {"address": "127.0.0.1:1"}
-    (policies_dir / "r.yaml").write_text(yaml.safe_dump({"routes": [doc]}))
     wsgate = Path(sys.executable).with_name("wsgate")
-    for target in ("compose", "kubernetes"):
-        run = subprocess.run([wsgate, "render", "--policies", policies_dir, "--target", target, "--out",
-                              tmp_path / target], capture_output=True, text=True)  # fmt: skip
-        assert run.returncode == 1 and "quotas are not" in run.stderr, run.stderr
+    for quotas in (QUOTAS, None):
+        if quotas:
+            doc["quotas"] = quotas
+        else:
+            del doc["quotas"]
+        (policies_dir / "r.yaml").write_text(yaml.safe_dump({"routes": [doc]}))
+        out = tmp_path / f"out-{bool(quotas)}"
+        subprocess.run([wsgate, "render", "--policies", policies_dir, "--target", "compose", "--out", out],
+                       check=True, capture_output=True)  # fmt: skip
+        written = yaml.safe_load((out / "ratelimit" / rate_limit.CONFIG_FILE).read_text())
+        assert written == yaml.safe_load(rate_limit.service_config(load_dir(policies_dir)))
+        assert bool(written["descriptors"]) == bool(quotas)
+        assert (
+            f"address: {envoy_config.compose_topology().ratelimit.split(':')[0]}" in (out / "cds.yaml").read_text()
+        ) == bool(quotas)
 
 
 def test_the_bench_variant_counts_every_request_and_refuses_none(tmp_path: Path, monkeypatch) -> None:
