@@ -202,3 +202,18 @@ def test_the_bench_variant_counts_every_request_and_refuses_none(tmp_path: Path,
     for r in ps.routes:
         assert r.quotas.client_address and r.quotas.backend
         assert (r.quotas.caller is not None) == r.detects_replays
+
+
+def test_the_soak_flood_route_is_the_xml_route_with_a_per_address_quota(tmp_path: Path, monkeypatch) -> None:
+    from loadtest import variants
+
+    monkeypatch.setenv("WSGATE_BENCH_CERTS", "certs/out")
+    out = variants.write(REPO / "loadtest" / "policies", tmp_path, None, 1.0, quotas=True)
+    prefix = variants.add_flood_route(out, "xml", 5)
+    ps = load_dir(out)
+    flood, xml = ps.route(variants.FLOOD_ROUTE), ps.route("xml")
+    assert flood.match.path_prefix == prefix and flood.profile == xml.profile and flood.upstream == xml.upstream
+    assert flood.quotas.client_address is not None and flood.quotas.client_address.units() == [("second", 5)]
+    assert "flood" in rate_limit.service_config(ps)
+    with pytest.raises(ValueError, match="no route"):
+        variants.add_flood_route(out, "missing", 5)
