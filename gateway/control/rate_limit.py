@@ -159,6 +159,8 @@ def environment(grpc: str, runtime_root: Path, redis_url: str, health: str = "12
         "DEBUG_HOST": "127.0.0.1",
         "DEBUG_PORT": "0",
         "USE_STATSD": "false",
+        # Its own stats would go to its log, every counter at each flush (Envoy's ratelimit stats are the ones read).
+        "DISABLE_STATS": "true",
         "LOG_LEVEL": "warn",
         "RUNTIME_ROOT": str(runtime_root),
         "RUNTIME_SUBDIRECTORY": "",
