@@ -519,8 +519,10 @@ class Attachments(Strict):
 class Rate(Strict):
     """Requests allowed per second and per day; either may be left out (docs/quotas.md)."""
 
-    per_second: int | None = Field(default=None, gt=0)
-    per_day: int | None = Field(default=None, gt=0)
+    # The rate-limit service reads each limit as a uint32: a larger one fails its whole configuration (every
+    # quota-checked request then 503).
+    per_second: int | None = Field(default=None, gt=0, le=2**32 - 1)
+    per_day: int | None = Field(default=None, gt=0, le=2**32 - 1)
 
     @model_validator(mode="after")
     def _some(self) -> Rate:

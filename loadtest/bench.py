@@ -78,10 +78,14 @@ PLAIN_BODIES_PER_THREAD = 256  # none/tls/xml: distinct bodies, cycled (no repla
 
 # Envoy counters worth reporting when they move during a point. Normal: Envoy resets each ext_proc stream when
 # the exchange is done, and wrk resets the requests it has in flight when its time is up (at most one per
-# connection: rx_reset is reported only beyond that).
+# connection: rx_reset, and the rate-limit calls of those requests Envoy cancels, are reported only beyond that).
 _ENVOY_PROBLEMS = re.compile(r"^(http\.(http|https)\.|cluster\.)\S*(5xx|4xx|timeout|fail|overflow|error|reset)")
 _ENVOY_NORMAL = re.compile(r"^cluster\.wsgate_filter\.(http2\.tx_reset|upstream_rq_tx_reset)$")
-_CLIENT_RESET = re.compile(r"^http\.(http|https)\.downstream_rq_rx_reset$")
+_CLIENT_RESET = re.compile(
+    r"^(http\.(http|https)\.downstream_rq_rx_reset|cluster\.wsgate_ratelimit\.(http2\.tx_reset|upstream_rq_tx_reset))$"
+)
+# With --quotas: the rate-limit service's answers by route and stage (cluster.upstream_<route>.ratelimit.<stage>.ok).
+_QUOTA_OK = re.compile(r"^cluster\.upstream_(\S+)\.ratelimit\.(\w+)\.ok$")
 
 
 @dataclass
@@ -128,6 +132,7 @@ class Point:
     extproc_ms: dict[str, float] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)  # wsgate_faults_total deltas by reason
     envoy_problems: dict[str, int] = field(default_factory=dict)
+    quota_checks: dict[str, int] = field(default_factory=dict)  # at saturation, by stage: requests the service admitted
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -222,7 +227,8 @@ def _envoy_counters(gw: Gateway) -> dict[str, int]:
         return out
     for line in text.splitlines():
         name, sep, value = line.partition(": ")
-        if sep and value.isdigit() and _ENVOY_PROBLEMS.match(name) and not _ENVOY_NORMAL.match(name):
+        problem = _ENVOY_PROBLEMS.match(name) and not _ENVOY_NORMAL.match(name)
+        if sep and value.isdigit() and (problem or _QUOTA_OK.match(name)):
             out[name] = int(value)
     return out
 
@@ -616,7 +622,10 @@ class Bench:
                 point.faults[reason] = delta
         for name, value in after.envoy.items():
             delta = value - before.envoy.get(name, 0)
-            if delta > (self.connections if _CLIENT_RESET.match(name) else 0):
+            if quota := _QUOTA_OK.match(name):
+                if quota.group(1) == point.route and delta:
+                    point.quota_checks[quota.group(2)] = delta
+            elif delta > (self.connections if _CLIENT_RESET.match(name) else 0):
                 point.envoy_problems[name] = delta
 
     def _paced(self, point: Point, profile: str, size: str, url: str, path: str, ctype: str) -> None:
@@ -777,6 +786,15 @@ def report(points: list[Point], floors: targets.Floors, out: IO[str]) -> None:
             ])  # fmt: skip
         print(_table(header, rows), file=out)
 
+    quoted = [p for p in points if p.quota_checks]
+    if quoted:
+        print("\nQuotas (--quotas): requests the rate-limit service admitted at saturation, per stage, per request",
+              file=out)  # fmt: skip
+        stages = sorted({s for p in quoted for s in p.quota_checks})
+        rows = [[f"{p.profile} {p.size}", *(f"{p.quota_checks.get(s, 0) / max(1, p.requests):.2f}" for s in stages)]
+                for p in quoted]  # fmt: skip
+        print(_table(["profile/size", *stages], rows), file=out)
+
     outbound.report(points, out)
     targets.report(lambda prof, size: at.get((prof, size)), floors, out)
 
@@ -808,7 +826,7 @@ def report(points: list[Point], floors: targets.Floors, out: IO[str]) -> None:
         )
 
 
-_DICTS = ("stages_ms", "paced_stages_ms", "extproc_ms", "faults", "envoy_problems", "notes")
+_DICTS = ("stages_ms", "paced_stages_ms", "extproc_ms", "faults", "envoy_problems", "quota_checks", "notes")
 CSV_FIELDS = [f for f in Point.__dataclass_fields__ if f not in _DICTS]
 # Exclusive times (filters/engine/metrics.py): security_header and secure are what is left of the header's processing
 # and building once the finer stages inside them are counted apart.
@@ -1043,7 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration, huge_duration=args.huge_duration, paced_duration=args.paced_duration,
             rate=args.rate, threads=args.threads, connections=args.connections, workers=args.workers,
             out=args.out, policies=args.policies, certs=args.certs, hmac_key=args.hmac_key,
-            chart=not args.no_chart, engine_scale=args.engine_scale,
+            chart=not args.no_chart, engine_scale=args.engine_scale, log=sys.stdout,
         )  # fmt: skip
     except (ValueError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)

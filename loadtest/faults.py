@@ -198,6 +198,11 @@ def _plain(body: str, head: str = "") -> bytes:
     return f'<soap:Envelope xmlns:soap="{SOAP11}"{head}><soap:Body>{body}</soap:Body></soap:Envelope>'.encode()
 
 
+def plain_body() -> bytes:
+    """A well-formed echo request: the flood's (loadtest/soak.py), refused for its rate, never its shape."""
+    return _plain(f'<d:echo xmlns:d="{DEMO}"><d:text>flood</d:text></d:echo>')
+
+
 def hostile_bodies(max_body_bytes: int) -> dict[str, bytes]:
     """One of each shape, for an `xml` route with the default limits (gateway/policy.py Limits)."""
     deep = "".join(f"<d:n{i}>" for i in range(2000)) + "".join(f"</d:n{i}>" for i in reversed(range(2000)))

@@ -18,7 +18,10 @@ Every request is counted once, per second and in total:
 
 and apart from the load: `replays accepted`, accepted messages sent again (a burst after each Redis kill and in
 each hostile burst) that got through; `hostile accepted`, oversized/deep/namespace-flood requests that did;
-with `--archive`, `archive missing`: accepted secured requests the archive does not hold (loadtest/archive.py).
+with `--archive`, `archive missing`: accepted secured requests the archive does not hold (loadtest/archive.py);
+with `--quotas` (every route's quotas on, never reached), the flood of a route with a per-second quota in each
+hostile burst: `flood refused` (429, the SOAP fault, Retry-After) and `flood over limit` (admitted beyond it).
+`--tracing HOST:PORT`: spans to that collector (docs/performance.md, "The soak").
 Memory: VmRSS of Envoy, each worker and Redis, every second. Output: a table, loadtest/out/soak.csv (per second),
 loadtest/out/soak.png."""
 
@@ -46,13 +49,17 @@ from lxml import etree
 
 from certs import pki
 from gateway.control.supervisor import Gateway, _rss_mb, default_workers
-from loadtest import faults
+from loadtest import faults, variants
 from loadtest.archive import DSN_ENV, ArchiveDb, missing, with_archive
 from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _table, bench_gateway, percentile
 from loadtest.messages import PROFILES, CheckFailed, Factory, Message
 
 COUNTS = ("sent", "ok", "refused", "lost", "corrupted", "replays sent", "replays accepted", "hostile sent",
           "hostile accepted")  # fmt: skip
+# With --quotas: the attacker's flood of the flood route in each hostile burst (loadtest/variants.py), and what
+# the rate-limit service made of it. `flood over limit`: admitted beyond the limit of the seconds it spanned.
+FLOOD_COUNTS = ("flood sent", "flood refused", "flood admitted", "flood over limit")
+FLOOD_PER_SECOND, FLOOD_REQUESTS = 5, 30
 TIMEOUT_S = 15.0  # a reply slower than this is lost
 # SOAP fault codes a fault explains while it settles (see the module docstring).
 SETTLING_CODES = {"Server", "Receiver", "MessageExpired", "BadContextToken"}
@@ -136,6 +143,7 @@ class Driver:
         self.accepted: collections.deque[tuple[str, bytes]] = collections.deque(maxlen=500)
         self.accepted_digests: set[str] = set()  # every accepted secured request: the archive must hold each
         self.local = threading.local()
+        self.flood_url: str | None = None  # the flood route, with --quotas
         self.ca = str(
             gw.opts.certs / "ca.pem"
         )  # passed with each request: REQUESTS_CA_BUNDLE would override a session's
@@ -268,11 +276,42 @@ class Driver:
             if resp.status_code == 200:
                 self.tally.count("hostile accepted", None, f"{shape} let through")
         replayed = self.replay_burst(rng)
-        return f"hostile burst: oversized, deep, namespace flood, {replayed} replays"
+        flood = f", {self.flood_burst()}" if self.flood_url else ""
+        return f"hostile burst: oversized, deep, namespace flood, {replayed} replays{flood}"
+
+    def flood_burst(self) -> str:
+        """An attacker's flood of the flood route from one address: over its per-second quota each request must
+        get 429 with the SOAP fault and Retry-After, and no more than the limit per second may pass."""
+        assert self.flood_url is not None
+        session, admitted, refused = requests.Session(), 0, 0
+        first = time.time()
+        for _ in range(FLOOD_REQUESTS):
+            self.tally.count("flood sent")
+            try:
+                resp = session.post(self.flood_url, data=faults.plain_body(), timeout=TIMEOUT_S,
+                                    headers={"content-type": "text/xml; charset=utf-8"})  # fmt: skip
+            except requests.RequestException as exc:
+                self.tally.count("lost", None, f"flood: {type(exc).__name__}")
+                continue
+            if resp.status_code == 200:
+                admitted += 1
+                self.tally.count("flood admitted")
+            elif resp.status_code == 429 and fault_code(resp.content) == "Client" and "retry-after" in resp.headers:
+                refused += 1
+                self.tally.count("flood refused")
+            elif resp.status_code == 503 and self.tally.settling():  # the service or Redis down: fail closed
+                self.tally.count("refused", None, "flood: 503")
+            else:
+                self.tally.count("lost", None, f"flood: {resp.status_code} {fault_code(resp.content)}")
+        windows = int(time.time()) - int(first) + 1  # the service counts whole seconds of the clock
+        if admitted > FLOOD_PER_SECOND * windows:
+            self.tally.count("flood over limit", None, f"{admitted} admitted in {windows} s of the flood")
+        return f"flood {admitted} admitted, {refused} refused"
 
 
 def _memory(gw: Gateway) -> dict[str, float]:
-    procs = {"envoy": gw.envoy, "redis": gw.redis, **{f"worker {i}": w for i, w in enumerate(gw.workers)}}
+    procs = {"envoy": gw.envoy, "redis": gw.redis, "ratelimit": gw.ratelimit,
+             **{f"worker {i}": w for i, w in enumerate(gw.workers)}}  # fmt: skip
     return {name: round(_rss_mb(p.pid), 1) for name, p in procs.items() if p is not None}
 
 
@@ -317,9 +356,14 @@ def run_soak(
     chart: bool = True,
     archive: bool = False,
     archive_db: ArchiveDb | None = None,
+    quotas: bool = False,
+    tracing: str | None = None,
+    sampling_percent: float = 1.0,
 ) -> SoakResult:
     """`archive`: every secured route archives (to the segment store, or with `archive_db` to that PostgreSQL
-    server, which the archive_db_restart fault restarts); the result counts accepted requests not archived."""
+    server, which the archive_db_restart fault restarts); the result counts accepted requests not archived.
+    `quotas`: every route's quotas on and never reached by the load (loadtest/variants.py), and a flood route the
+    hostile bursts flood; `tracing`: spans to that OTLP/HTTP collector at `sampling_percent`."""
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     rng = random.Random(seed)
     kinds = list(kinds or faults.ALL)
@@ -337,9 +381,14 @@ def run_soak(
             with_archive(Path(policies), own, Path(tmp) / "archive", db=archive_db is not None)
         for f in Path(policies).glob("*.y*ml") if not archive else ():
             shutil.copy(f, own)
+        if quotas or tracing:
+            own = variants.write(own, Path(tmp) / "policies-observed", tracing, sampling_percent, quotas)
+        flood = variants.add_flood_route(own, PROFILES["xml"].route, FLOOD_PER_SECOND) if quotas else None
         with bench_gateway(own, certs, Path(tmp) / "run", workers or default_workers()) as gw:
             tally = Tally(time.monotonic())
             driver = Driver(gw, own, tally, threads)
+            if flood:
+                driver.flood_url = f"http://127.0.0.1:{gw.opts.http_port}{flood}demo"
             sat = saturation(driver, probe_s)
             driver.rate = max(1.0, sat * share)
             print(f"saturation {sat:.0f} req/s (closed loop, {threads} threads, the mix); driving {driver.rate:.0f} "
@@ -421,7 +470,8 @@ def report(result: SoakResult, out: IO[str]) -> None:
     t, tally = result.totals, result.tally
     print(f"\nWSGate soak, seed {result.seed}: {len(tally.seconds)} s at {result.rate:.0f} req/s "
           f"({result.saturation_rps:.0f} req/s saturation)\n", file=out)  # fmt: skip
-    print(_table(["total", *COUNTS], [["all", *(str(t[c]) for c in COUNTS)]]), file=out)
+    counts = [*COUNTS, *(FLOOD_COUNTS if t["flood sent"] else ())]
+    print(_table(["total", *counts], [["all", *(str(t[c]) for c in counts)]]), file=out)
     if "archived" in t:
         print(
             f"\narchive: {t['archived']} requests archived; accepted and not archived: {t['archive missing']}", file=out
@@ -508,15 +558,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-chart", action="store_true")
     parser.add_argument("--archive", action="store_true", help="archive every secured route; count what is missing")
+    parser.add_argument("--quotas", action="store_true",
+                        help="every route's quotas on (never reached) and a flood route the hostile bursts flood")  # fmt: skip
+    parser.add_argument("--tracing", metavar="HOST:PORT", help="spans to this OTLP/HTTP collector (docs/tracing.md)")
+    parser.add_argument("--sampling-percent", type=float, default=1.0, help="with --tracing (the policy's default)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.faults.split(",") if k]
     unknown = set(kinds) - set(faults.ALL)
     if unknown:
         parser.error(f"unknown faults: {', '.join(sorted(unknown))}")
     result = run_soak(args.duration, args.share, args.seed, kinds, args.threads, workers=args.workers, out=args.out,
-                      chart=not args.no_chart, archive=args.archive)  # fmt: skip
+                      chart=not args.no_chart, archive=args.archive, quotas=args.quotas, tracing=args.tracing,
+                      sampling_percent=args.sampling_percent)  # fmt: skip
     t = result.totals
     clean = t["lost"] == t["corrupted"] == t["replays accepted"] == t["hostile accepted"] == t["archive missing"] == 0
+    clean = clean and t["flood over limit"] == 0 and (not args.quotas or t["flood refused"] > 0)
     return 0 if clean else 1
 
 

@@ -11,7 +11,7 @@ import yaml
 from gateway.policy import XML_PROFILES
 
 # Limits no benchmark reaches: every request is counted (one rate-limit service round trip per stage), none refused.
-UNREACHED = {"per_second": 1_000_000_000, "per_day": 1_000_000_000_000}
+UNREACHED = {"per_second": 1_000_000_000, "per_day": 4_000_000_000}  # the service's limits are uint32
 VERIFIES_CALLER = XML_PROFILES - {"xml"}
 
 
@@ -33,3 +33,21 @@ def write(policies: Path, out: Path, tracing: str | None, sampling_percent: floa
     for name, doc in docs.items():
         (out / name).write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
     return out
+
+
+FLOOD_ROUTE = "flood"  # the soak's attacked route (loadtest/soak.py): a copy of `copy_of` with a per-address quota
+
+
+def add_flood_route(policies: Path, copy_of: str, per_second: int) -> str:
+    """A route an attacker floods: `copy_of` at /flood/ with a client-address quota of `per_second`, added to the
+    policy file that holds `copy_of`. Its path prefix is returned."""
+    for f in sorted(policies.glob("*.yaml")):
+        doc = yaml.safe_load(f.read_text())
+        route = next((r for r in doc["routes"] if r["name"] == copy_of), None)
+        if route is not None:
+            prefix = f"/{FLOOD_ROUTE}/"
+            doc["routes"].append({**route, "name": FLOOD_ROUTE, "match": {"path_prefix": prefix},
+                                  "quotas": {"client_address": {"per_second": per_second}}})  # fmt: skip
+            f.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
+            return prefix
+    raise ValueError(f"no route {copy_of!r} in {policies}")

@@ -124,29 +124,33 @@ def cmd_render(args: argparse.Namespace) -> int:
     ps = _policies(args.policies)
     if ps is None:
         return 1
+    # Compose always runs the rate-limit service: its configuration is written even with no quotas (no limits), so
+    # a roll that removes the last quota leaves none behind.
+    limits = rate_limit.enabled(ps) or args.target == "compose"
     if args.target == "compose":
-        if rate_limit.enabled(ps):
-            print("wsgate render: quotas are not in the Compose stack yet (docs/quotas.md)", file=sys.stderr)
-            return 1
         topo = envoy_config.compose_topology()
     else:
         topo = envoy_config.Topology(
             filter_endpoints=tuple(f"127.0.0.1:{9100 + i}" for i in range(args.workers)),
             certs_dir=str(args.certs), config_dir=str(args.config_dir),
         )  # fmt: skip
-    files = envoy_config.render(ps, topo)
+    try:
+        files = envoy_config.render(ps, topo)
+    except OSError as exc:  # a published ?wsdl reads the route's signing certificate
+        print(f"wsgate render: {exc}", file=sys.stderr)
+        return 1
     if args.out:
         envoy_config.write(files, args.out)
         for name, text in monitoring.render().items():  # the dashboard and alerts (docs/operations.md)
             (args.out / name).write_text(text)
         print(f"wrote {', '.join(sorted([*files, *monitoring.render()]))} to {args.out}", file=sys.stderr)
-        if rate_limit.enabled(ps):  # the rate-limit service's RUNTIME_ROOT (docs/quotas.md)
+        if limits:  # the rate-limit service's RUNTIME_ROOT (docs/quotas.md)
             rate_limit.write(ps, args.out / "ratelimit")
             print(f"wrote ratelimit/{rate_limit.CONFIG_FILE} to {args.out}", file=sys.stderr)
     else:
         for name in files:
             sys.stdout.write(f"# ---- {name}\n{files[name]}")
-        if rate_limit.enabled(ps):
+        if limits:
             sys.stdout.write(f"# ---- ratelimit/{rate_limit.CONFIG_FILE}\n{rate_limit.service_config(ps)}")
     return 0
 

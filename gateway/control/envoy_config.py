@@ -59,6 +59,7 @@ def compose_topology() -> Topology:
         certs_dir="/certs",
         config_dir="/config",
         outbound_bind="0.0.0.0",
+        ratelimit="ratelimit:8081",  # docker-compose.yml's ratelimit service
     )
 
 

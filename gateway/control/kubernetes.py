@@ -31,15 +31,18 @@ from gateway.policy import DEFAULT_BODY_BUDGET_MB, GRACE_SECONDS, REDIS_URL_ENV,
 
 NAMESPACE = "wsgate"
 ENVOY, FILTER, REDIS, BACKEND = "wsgate-envoy", "wsgate-filter", "wsgate-redis", "wsgate-backend"
+RATELIMIT = "wsgate-ratelimit"  # the Envoy rate-limit service, for routes with quotas (docs/quotas.md)
 OUTBOUND = "wsgate-outbound"  # the outbound listeners' Service and NetworkPolicy (docs/outbound.md)
 OUTBOUND_CLIENT = {"wsgate.io/outbound-client": "true"}  # the label of the applications' pods, any namespace
 ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"  # the official image, as in Compose
 REDIS_IMAGE = "redis:7-alpine"
 WSGATE_IMAGE = "wsgate"  # the project's image (gateway/Dockerfile); the kustomization's `images:` names its registry
 FILTER_PORT, METRICS_PORT, BACKEND_PORT, REDIS_PORT, DNS_PORT = 9000, 9102, 8081, 6379, 53
+RATELIMIT_PORT, RATELIMIT_HEALTH_PORT, RATELIMIT_ROOT = 8081, 8080, "/data/ratelimit"
 APP_UID = 101  # the envoy user of the Envoy image and the wsgate user of the project's image: both read the keys
 REDIS_UID, REDIS_GID = 999, 1000  # the redis user of redis:7-alpine
-KEYS_DIR = "keys"  # in DIR: the key files the secretGenerators read (copied there by the operator, never rendered)
+KEYS_DIR = "keys"
+RATELIMIT_REDIS_FILE = "ratelimit-redis-address"  # with --external-redis and quotas: host:port in keys/  # in DIR: the key files the secretGenerators read (copied there by the operator, never rendered)
 POLICIES_MOUNT = "/app/policies"
 MAX_CONFIG_MAP_BYTES = 900 * 1024  # the API server stores at most 1 MiB per object, base64 and keys included
 FILTER_KEYS_MOUNT = f"/app/{pki.DEFAULT_DIR}"  # policies name key files relative to the image's /app
@@ -70,6 +73,7 @@ def topology() -> envoy_config.Topology:
     return envoy_config.Topology(
         filter_endpoints=(f"{FILTER}:{FILTER_PORT}",), filter_dns=True, bind="0.0.0.0", certs_dir="/certs",
         config_dir="/config", max_heap_mb=ENVOY_HEAP_MB, outbound_bind="0.0.0.0",
+        ratelimit=f"{RATELIMIT}:{RATELIMIT_PORT}",
     )  # fmt: skip
 
 
@@ -434,6 +438,32 @@ def redis_objects() -> list[dict[str, Any]]:
     return [stateful_set, _service(REDIS, [("redis", REDIS_PORT)], headless=True)]
 
 
+def ratelimit_objects(policies: PolicySet, opts: Options) -> list[dict[str, Any]]:
+    """The rate-limit service (routes with quotas): stateless replicas counting in the filters' Redis, their
+    configuration in a ConfigMap named by its content, so a changed limit rolls them (the counts stay in Redis)."""
+    config = _config_map(f"{RATELIMIT}-config", RATELIMIT, {"wsgate.yaml": rate_limit.service_config(policies)})
+    settings = rate_limit.environment(f"0.0.0.0:{RATELIMIT_PORT}", Path(RATELIMIT_ROOT),
+                                      f"redis://{REDIS}:{REDIS_PORT}/0", health=f"0.0.0.0:{RATELIMIT_HEALTH_PORT}")  # fmt: skip
+    env = [{"name": k, "value": v} for k, v in settings.items()]
+    if opts.redis == "external":  # host:port of the operator's Redis, from keys/ (its URL is a secret too)
+        ref = {"secretKeyRef": {"name": f"{RATELIMIT}-redis", "key": "address"}}
+        env = [e if e["name"] != "REDIS_URL" else {"name": "REDIS_URL", "valueFrom": ref} for e in env]
+    health = {"httpGet": {"path": "/healthcheck", "port": "health"}, "periodSeconds": 5}
+    container = {
+        "name": "ratelimit",
+        "image": rate_limit.image(),
+        "command": ["/bin/ratelimit"],
+        "ports": [_port("grpc", RATELIMIT_PORT), _port("health", RATELIMIT_HEALTH_PORT)],
+        "env": env,
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
+        "readinessProbe": health,
+        "livenessProbe": {**health, "periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3},
+        "volumeMounts": [{"name": "config", "mountPath": f"{RATELIMIT_ROOT}/config", "readOnly": True}],
+    }
+    pod = _pod(RATELIMIT, [container], [{"name": "config", "configMap": {"name": config["metadata"]["name"]}}], 10)
+    return [config, _deployment(RATELIMIT, pod, replicas=2), _service(RATELIMIT, [("grpc", RATELIMIT_PORT)])]
+
+
 def backend_objects() -> list[dict[str, Any]]:
     """The demo SOAP backend (optional: `--no-demo-backend`)."""
     health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
@@ -509,10 +539,13 @@ def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Opt
     # Both send spans to the trace collector (edge.tracing, docs/tracing.md): by address when it is one.
     collector = policies.edge.tracing.collector if policies.edge.tracing else None
     traces = [] if collector is None else [_egress_to(*collector.rsplit(":", 1))]
+    quotas = rate_limit.enabled(policies)  # Envoy -> the rate-limit service -> Redis
+    to_ratelimit = [{"to": [_pods_of(RATELIMIT)], "ports": _tcp(RATELIMIT_PORT)}] if quotas else []
     out = [
         _network_policy("default-deny", {}, ingress=[], egress=[]),
         _network_policy(ENVOY, _pods_of(ENVOY)["podSelector"], ingress=[{"ports": _tcp(topo.http_port, topo.https_port)}],
-                        egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *_upstream_egress(inbound, opts), dns, *traces]),
+                        egress=[{"to": [_pods_of(FILTER)], "ports": _tcp(FILTER_PORT)}, *to_ratelimit,
+                                *_upstream_egress(inbound, opts), dns, *traces]),
         _network_policy(FILTER, _pods_of(FILTER)["podSelector"],
                         ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(FILTER_PORT)}],
                         egress=[to_redis, *_upstream_egress(sts, opts), dns, *traces,
@@ -524,9 +557,13 @@ def network_policies(policies: PolicySet, topo: envoy_config.Topology, opts: Opt
         ports = _tcp(*(p for _, p in _outbound_ports(policies)))
         out.append(_network_policy(OUTBOUND, _pods_of(ENVOY)["podSelector"], ingress=[{"from": [apps], "ports": ports}],
                                    egress=_upstream_egress(outbound, opts)))  # fmt: skip
+    if quotas:
+        out.append(_network_policy(RATELIMIT, _pods_of(RATELIMIT)["podSelector"], egress=[to_redis, dns],
+                                   ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(RATELIMIT_PORT)}]))  # fmt: skip
     if opts.redis == "demo":
+        clients = [_pods_of(FILTER), *([_pods_of(RATELIMIT)] if quotas else [])]
         out.append(_network_policy(REDIS, _pods_of(REDIS)["podSelector"],
-                                   ingress=[{"from": [_pods_of(FILTER)], "ports": _tcp(REDIS_PORT)}]))  # fmt: skip
+                                   ingress=[{"from": clients, "ports": _tcp(REDIS_PORT)}]))  # fmt: skip
     if opts.demo_backend:
         out.append(_network_policy(BACKEND, _pods_of(BACKEND)["podSelector"],
                                    ingress=[{"from": [_pods_of(ENVOY)], "ports": _tcp(BACKEND_PORT)}]))  # fmt: skip
@@ -542,7 +579,7 @@ def envoy_key_files(topo: envoy_config.Topology, envoy_files: dict[str, str]) ->
 
 
 def kustomization(resources: list[str], envoy_keys: list[str], filter_keys: list[str], opts: Options,
-                  token_files: list[str]) -> dict[str, Any]:  # fmt: skip
+                  token_files: list[str], quotas: bool = False) -> dict[str, Any]:  # fmt: skip
     def generator(name: str, component: str, **source: list[str]) -> dict[str, Any]:
         return {"name": name, **source, "options": {"labels": labels(component)}}
 
@@ -568,6 +605,11 @@ def kustomization(resources: list[str], envoy_keys: list[str], filter_keys: list
                 if token_files
                 else []
             ),
+            *(
+                [generator(f"{RATELIMIT}-redis", RATELIMIT, files=[f"address={KEYS_DIR}/{RATELIMIT_REDIS_FILE}"])]
+                if quotas and opts.redis == "external"
+                else []
+            ),
         ],
         "images": [{"name": WSGATE_IMAGE, "newName": name, "newTag": tag}],
     }
@@ -576,10 +618,7 @@ def kustomization(resources: list[str], envoy_keys: list[str], filter_keys: list
 def render(policies: PolicySet, policies_dir: Path, opts: Options) -> dict[str, str]:
     """DIR's files (relative path -> text): kustomization.yaml, one manifest file per part, keys/.gitignore."""
     _check_shared_state(policies)
-    if rate_limit.enabled(policies):  # fail at render time rather than 503 every quota-checked request
-        raise PolicyError(
-            "quotas are not rendered for Kubernetes yet (no rate-limit service Deployment): docs/quotas.md"
-        )
+    quotas = rate_limit.enabled(policies)
     topo = topology()
     texts = {p.name: p.read_text() for p in sorted(Path(policies_dir).glob("*.y*ml")) if p.suffix in (".yaml", ".yml")}
     envoy = envoy_objects(policies, topo, opts)
@@ -595,14 +634,17 @@ def render(policies: PolicySet, policies_dir: Path, opts: Options) -> dict[str, 
     }
     if opts.redis == "demo":
         parts["redis.yaml"] = redis_objects()
+    if quotas:
+        parts["ratelimit.yaml"] = ratelimit_objects(policies, opts)
     if opts.demo_backend:
         parts["backend.yaml"] = backend_objects()
     parts["network-policies.yaml"] = network_policies(policies, topo, opts)
     envoy_keys = envoy_key_files(topo, envoy[0]["data"])
-    needed = sorted({*envoy_keys, *filter_keys, *token_files, *(["redis-url"] if opts.redis == "external" else [])})
+    external = ["redis-url", *([RATELIMIT_REDIS_FILE] if quotas else [])] if opts.redis == "external" else []
+    needed = sorted({*envoy_keys, *filter_keys, *token_files, *external})
     files = {name: yaml.safe_dump_all(objs, sort_keys=False, width=200) for name, objs in parts.items()}
     files["kustomization.yaml"] = yaml.safe_dump(
-        kustomization(list(parts), envoy_keys, filter_keys, opts, token_files), sort_keys=False, width=200
+        kustomization(list(parts), envoy_keys, filter_keys, opts, token_files, quotas), sort_keys=False, width=200
     )
     # What keys/ must hold before `kubectl apply -k`; and never let them into the operator's repository.
     files[f"{KEYS_DIR}/.gitignore"] = (

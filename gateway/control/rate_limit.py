@@ -42,6 +42,13 @@ def version() -> str:
     return found.group(1)
 
 
+def image() -> str:
+    """The official image of the pinned commit (Compose and Kubernetes): envoyproxy/ratelimit tags its images by the
+    commit's first 8 hex digits."""
+    commit = version().rsplit("-", 1)[1]
+    return f"envoyproxy/ratelimit:{commit[:8]}"
+
+
 def binary() -> Path:
     """Where `make ratelimit` builds the service (the Makefile uses the same path), or WSGATE_RATELIMIT_BIN."""
     if BINARY_ENV in os.environ:
@@ -130,10 +137,12 @@ def http_filter(stage: int) -> dict[str, Any]:
     }
 
 
-def environment(grpc: str, runtime_root: Path, redis_url: str) -> dict[str, str]:
+def environment(grpc: str, runtime_root: Path, redis_url: str, health: str = "127.0.0.1:0") -> dict[str, str]:
     """The service's settings (it reads only its environment): gRPC on `grpc` (host:port), its configuration
-    under `runtime_root`, counters in `redis_url` (redis://host:port[/db] or unix:///path)."""
+    under `runtime_root`, counters in `redis_url` (redis://host:port[/db] or unix:///path), its HTTP listener
+    (GET /healthcheck: the containers' health checks) on `health`."""
     host, port = grpc.rsplit(":", 1)
+    http_host, http_port = health.rsplit(":", 1)
     url = urlsplit(redis_url)
     if url.scheme == "unix":
         redis = {"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": url.path}
@@ -144,12 +153,14 @@ def environment(grpc: str, runtime_root: Path, redis_url: str) -> dict[str, str]
     return {
         "GRPC_HOST": host.strip("[]"),
         "GRPC_PORT": port,
-        # Its HTTP and debug listeners are not used: loopback, any free port.
-        "HOST": "127.0.0.1",
-        "PORT": "0",
+        # Its debug listener is not used: loopback, any free port.
+        "HOST": http_host,
+        "PORT": http_port,
         "DEBUG_HOST": "127.0.0.1",
         "DEBUG_PORT": "0",
         "USE_STATSD": "false",
+        # Its own stats would go to its log, every counter at each flush (Envoy's ratelimit stats are the ones read).
+        "DISABLE_STATS": "true",
         "LOG_LEVEL": "warn",
         "RUNTIME_ROOT": str(runtime_root),
         "RUNTIME_SUBDIRECTORY": "",

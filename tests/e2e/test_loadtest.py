@@ -76,6 +76,26 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     assert (tmp_path / "out" / "bench.png").stat().st_size > 0
 
 
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="Debian's wrk is not installed (.ci/run installs it)")
+def test_bench_quotas_smoke(tmp_path: Path, pki: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--quotas` as an operator runs it: every request counted by the rate-limit service, none refused. It once
+    gave every request a 503: the variant's per-day limit did not fit the service's uint32, which then loaded no
+    configuration at all. A smoke run, never a measure."""
+    args = ["--quotas", "--profiles", "hmac", "--sizes", "small", "--duration", "1", "--paced-duration", "1",
+            "--rate", "20", "--workers", "2", "--out", str(tmp_path / "out"), "--certs", str(pki),
+            "--engine-scale", "0", "--no-chart"]  # fmt: skip
+    assert bench.main(args) == 0
+    text = capsys.readouterr().out
+    (row,) = csv.DictReader((tmp_path / "out" / "bench.csv").open())
+    assert int(row["requests"]) > 0 and row["errors"] == "0" and row["paced_errors"] == "0", text
+    assert row["verify_failures"] == "0" and int(row["verified"]) > 0, text
+    assert "5xx" not in text.split("Errors and anomalies")[1], text
+    quotas = text.split("Quotas (--quotas)")[1]
+    found = re.search(r"\n-[- ]+\nhmac small +([\d.]+) +([\d.]+)\n", quotas)
+    assert quotas.split("\n")[1].split() == ["profile/size", "quota_address", "quota_caller"], text
+    assert found and all(float(n) >= 0.9 for n in found.groups()), text  # every request asked at both stages
+
+
 def test_extproc_latencies_from_envoys_access_log() -> None:
     lines = [
         '[t] "POST /hmac/demo HTTP/1.1" 200 via_upstream 9 9 3ms route=hmac upstream=x peer="-" '

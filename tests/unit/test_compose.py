@@ -17,7 +17,7 @@ import yaml
 
 from certs import pki
 from filters.stores import replay
-from gateway.control import envoy_config
+from gateway.control import envoy_config, rate_limit
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -92,7 +92,7 @@ def option(command: list[str], flag: str) -> str:
 
 
 def test_services_are_the_topology(services: dict[str, dict[str, Any]]) -> None:
-    assert set(services) == PYTHON_SERVICES | {"envoy", "redis"}
+    assert set(services) == PYTHON_SERVICES | {"envoy", "redis", "ratelimit"}
     assert services["redis"]["image"] == "redis:7-alpine"
 
 
@@ -139,6 +139,38 @@ def test_envoy_reads_what_the_config_and_certs_jobs_write(services: dict[str, di
     certs_dir = option(certs["command"], "--out")
     assert mounts(certs)[certs_dir] == ("certs", False)
     assert mounts(envoy)[topo.certs_dir] == ("certs", True)
+
+
+def test_config_job_reads_the_pki_a_published_wsdl_carries(services: dict[str, dict[str, Any]]) -> None:
+    """A route's ?wsdl is rendered with its signing certificate (pc:SigningCertificates), named relative to the
+    working directory as the filter's keys are: without the certs volume there, a roll that adds such a route
+    failed to render and Envoy kept the old routes (the Compose stack test's policy roll)."""
+    config = services["config"]
+    assert mounts(config)[f"/app/{pki.DEFAULT_DIR}"] == ("certs", True)
+    assert depends(config)["certs"] == "service_completed_successfully"
+
+
+def test_the_rate_limit_service_reads_what_config_renders_and_counts_in_the_shared_redis(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The pinned commit's image; the settings rate_limit.environment() gives (as `wsgate up` runs it), with its
+    configuration where the config job writes it (`render --out DIR`: DIR/ratelimit), its counts in the Redis the
+    filters share, its gRPC where Envoy's cluster points; Envoy waits for it to be healthy."""
+    rls, config, envoy = services["ratelimit"], services["config"], services["envoy"]
+    assert rls["image"] == rate_limit.image() and "build" not in rls
+    assert rls["command"] == ["/bin/ratelimit"]
+    host, port = envoy_config.compose_topology().ratelimit.rsplit(":", 1)
+    assert host == "ratelimit"
+    out_dir = option(config["command"], "--out")
+    redis_url = services["filter"]["environment"]["WSGATE_REDIS_URL"]
+    health = f"127.0.0.1:{rls['environment']['PORT']}"
+    expected = rate_limit.environment(f"0.0.0.0:{port}", Path(out_dir) / "ratelimit", redis_url, health=health)
+    assert {k: str(v) for k, v in rls["environment"].items()} == expected
+    assert mounts(rls)[out_dir] == ("config", True)
+    assert depends(rls) == {"config": "service_completed_successfully", "redis": "service_healthy"}
+    assert depends(envoy)["ratelimit"] == "service_healthy"
+    assert rls["healthcheck"]["test"][-1] == f"http://{health}/healthcheck"
+    assert rls["user"] != "0" and not rls["user"].startswith("0:")
 
 
 def test_envoy_ports_are_on_loopback_only(services: dict[str, dict[str, Any]]) -> None:
@@ -198,7 +230,17 @@ def test_named_volumes_only(compose: dict[str, Any], services: dict[str, dict[st
 
 
 def test_every_service_has_a_read_only_root_filesystem(services: dict[str, dict[str, Any]]) -> None:
-    for name in ("envoy", "filter", "backend", "redis", "locust-master", "locust-worker", "certs", "config"):
+    for name in (
+        "envoy",
+        "filter",
+        "backend",
+        "redis",
+        "ratelimit",
+        "locust-master",
+        "locust-worker",
+        "certs",
+        "config",
+    ):
         assert services[name].get("read_only") is True, f"{name}: writable root filesystem"
 
 

@@ -49,6 +49,8 @@ def test_caller_quotas_on_a_profile_that_verifies_no_caller_are_refused(tmp_path
     [
         ({"caller": {}}, "quotas.caller", "needs per_second, per_day or both"),
         ({"caller": {"per_second": 0}}, "quotas.caller.per_second", "greater than 0"),
+        # the rate-limit service's uint32: a larger limit fails its whole configuration (every request 503)
+        ({"caller": {"per_day": 2**32}}, "quotas.caller.per_day", "less than or equal to 4294967295"),
         ({"operations": {"urn:a": {"per_day": 1}}}, "quotas.operations", "identity_header"),
     ],
 )
@@ -165,17 +167,29 @@ def test_render_writes_the_service_configuration_beside_envoys(tmp_path: Path, p
     assert written.read_text() == rate_limit.service_config(load_dir(policies_dir))
 
 
-def test_targets_without_a_rate_limit_service_refuse_quotas(tmp_path: Path, pki: Path) -> None:
+def test_compose_render_always_writes_the_service_configuration(tmp_path: Path, pki: Path) -> None:
+    """Compose always runs the service: with quotas their limits, without any an empty domain (so a roll that
+    removes the last quota leaves no stale limit behind); Envoy's cluster names the Compose service."""
     policies_dir = tmp_path / "policies"
     policies_dir.mkdir()
     doc = route_doc(pki, "rsa", name="rsa", quotas=QUOTAS, replay={"store": "redis"})
     doc["upstream"] = {"address": "127.0.0.1:1"}
-    (policies_dir / "r.yaml").write_text(yaml.safe_dump({"routes": [doc]}))
     wsgate = Path(sys.executable).with_name("wsgate")
-    for target in ("compose", "kubernetes"):
-        run = subprocess.run([wsgate, "render", "--policies", policies_dir, "--target", target, "--out",
-                              tmp_path / target], capture_output=True, text=True)  # fmt: skip
-        assert run.returncode == 1 and "quotas are not" in run.stderr, run.stderr
+    for quotas in (QUOTAS, None):
+        if quotas:
+            doc["quotas"] = quotas
+        else:
+            del doc["quotas"]
+        (policies_dir / "r.yaml").write_text(yaml.safe_dump({"routes": [doc]}))
+        out = tmp_path / f"out-{bool(quotas)}"
+        subprocess.run([wsgate, "render", "--policies", policies_dir, "--target", "compose", "--out", out],
+                       check=True, capture_output=True)  # fmt: skip
+        written = yaml.safe_load((out / "ratelimit" / rate_limit.CONFIG_FILE).read_text())
+        assert written == yaml.safe_load(rate_limit.service_config(load_dir(policies_dir)))
+        assert bool(written["descriptors"]) == bool(quotas)
+        assert (
+            f"address: {envoy_config.compose_topology().ratelimit.split(':')[0]}" in (out / "cds.yaml").read_text()
+        ) == bool(quotas)
 
 
 def test_the_bench_variant_counts_every_request_and_refuses_none(tmp_path: Path, monkeypatch) -> None:
@@ -188,3 +202,18 @@ def test_the_bench_variant_counts_every_request_and_refuses_none(tmp_path: Path,
     for r in ps.routes:
         assert r.quotas.client_address and r.quotas.backend
         assert (r.quotas.caller is not None) == r.detects_replays
+
+
+def test_the_soak_flood_route_is_the_xml_route_with_a_per_address_quota(tmp_path: Path, monkeypatch) -> None:
+    from loadtest import variants
+
+    monkeypatch.setenv("WSGATE_BENCH_CERTS", "certs/out")
+    out = variants.write(REPO / "loadtest" / "policies", tmp_path, None, 1.0, quotas=True)
+    prefix = variants.add_flood_route(out, "xml", 5)
+    ps = load_dir(out)
+    flood, xml = ps.route(variants.FLOOD_ROUTE), ps.route("xml")
+    assert flood.match.path_prefix == prefix and flood.profile == xml.profile and flood.upstream == xml.upstream
+    assert flood.quotas.client_address is not None and flood.quotas.client_address.units() == [("second", 5)]
+    assert "flood" in rate_limit.service_config(ps)
+    with pytest.raises(ValueError, match="no route"):
+        variants.add_flood_route(out, "missing", 5)

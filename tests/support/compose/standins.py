@@ -13,13 +13,17 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from gateway.control import rate_limit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -54,6 +58,8 @@ class Recipe:
     files: tuple[str, ...]  # besides the Dockerfile, from this folder
     version_arg: str | None  # build argument that receives the tag's version
     parents: tuple[str, ...]  # the images its FROM lines name
+    # Files of this machine copied into the build context (name there -> where it is), e.g. a binary built here.
+    host_files: tuple[tuple[str, Callable[[], Path]], ...] = ()
 
 
 # Keyed by repository; the tag (its version) comes from the files that name the image.
@@ -64,6 +70,8 @@ RECIPES = {
         "envoy.Dockerfile", ("envoy-entrypoint.sh", "envoy-demo.yaml"), "ENVOY_VERSION", (BASE, "python:3.11-slim")
     ),
     "redis": Recipe("redis.Dockerfile", ("redis-entrypoint.sh",), None, (BASE,)),
+    # The rate-limit service `make ratelimit` built from the Go module proxy at the commit go.mod pins (the tag's).
+    "envoyproxy/ratelimit": Recipe("ratelimit.Dockerfile", (), None, (BASE,), (("ratelimit", rate_limit.binary),)),
 }
 
 
@@ -82,8 +90,8 @@ def recipe_for(name: str) -> tuple[Recipe, str]:
     if repo not in RECIPES:
         raise SystemExit(f"no stand-in recipe for {name}: add one to {HERE.relative_to(ROOT)}/")
     version = re.match(r"v?(\d+(?:\.\d+)*)", tag)
-    assert version, f"{name}: no version in the tag"
-    return RECIPES[repo], version.group(1)
+    assert version or not RECIPES[repo].version_arg, f"{name}: no version in the tag"
+    return RECIPES[repo], version.group(1) if version else tag  # a tag may be a commit (envoyproxy/ratelimit)
 
 
 def docker(*args: str, capture: bool = True) -> str:
@@ -154,6 +162,10 @@ def build_base(key: str) -> None:
 def image_key(name: str, keys: dict[str, str]) -> str:
     recipe, version = recipe_for(name)
     files = [(HERE / f).read_bytes() for f in (recipe.dockerfile, *recipe.files)]
+    for _, source in recipe.host_files:
+        if not source().is_file():
+            raise SystemExit(f"{name}: its stand-in copies {source()}, which is not built (make ratelimit)")
+        files.append(source().read_bytes())
     return digest(name, version, *files, *(keys[p] for p in recipe.parents))
 
 
@@ -162,9 +174,14 @@ def build_image(name: str, key: str) -> None:
     args = ["--build-arg", f"{recipe.version_arg}={version}"] if recipe.version_arg else []
     # The legacy builder, as docker-compose v1 uses: FROM and COPY --from find local images without a registry.
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-    cmd = [*NICE, "docker", "build", "-q", "-f", str(HERE / recipe.dockerfile), *args]
-    cmd += ["--label", f"{LABEL}={key}", "-t", name, str(HERE)]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as context:
+        for f in (recipe.dockerfile, *recipe.files):
+            shutil.copy2(HERE / f, Path(context) / f)
+        for target, source in recipe.host_files:
+            shutil.copy2(source(), Path(context) / target)
+        cmd = [*NICE, "docker", "build", "-q", "-f", str(Path(context) / recipe.dockerfile), *args]
+        cmd += ["--label", f"{LABEL}={key}", "-t", name, context]
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"building the stand-in {name} failed:\n{(run.stdout + run.stderr)[-4000:]}")
 
