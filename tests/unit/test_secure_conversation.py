@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import os
 import time
 import tracemalloc
@@ -182,6 +183,12 @@ def test_p_sha1_lengths() -> None:
         sc.p_sha1(VECTOR_SECRET, VECTOR_SEED, -1)
 
 
+def test_p_sha1_keyed_once_is_the_same_function() -> None:
+    keyed = sc.keyed_sha1(VECTOR_SECRET)
+    assert sc.p_sha1(keyed, VECTOR_SEED, 32) == b64("Wv3QzY84KfgwSkn1z3QV+LXEoo3nPraZPysJYtA3u4c=")
+    assert sc.p_sha1(keyed, VECTOR_SEED, 100) == sc.p_sha1(VECTOR_SECRET, VECTOR_SEED, 100)  # not used up by a call
+
+
 # --- DerivedKeyToken
 
 
@@ -327,6 +334,41 @@ def test_dkt_referencing_an_sct_in_the_same_header(version: Version) -> None:
     # Without the header's SCTs, '#sct-1' names nothing.
     with refused("UnknownDerivationSource", version.wsc):
         sc.derive(reparsed(mine.signing.element), contexts.store_resolver(store, NOW))
+
+
+def test_context_keyed_p_sha1_is_its_own_secret() -> None:
+    """Context.prf (keyed once per context) derives with that context's secret only: another secret, or the same
+    context rebuilt with another one (dataclasses.replace), derives another key from the same token."""
+    el = dkt_xml(WSC_1_3, nonce_xml())
+    one = context_for(WSC_1_3)
+    other = dataclasses.replace(one, secret=bytes(range(1, 33)))
+    assert other.prf is not one.prf and other == dataclasses.replace(one, secret=other.secret)
+    assert sc.derive(el, fixed(one)).key == sc.p_sha1(SECRET, sc.DEFAULT_LABEL + NONCE, 32)
+    assert sc.derive(el, fixed(other)).key == sc.p_sha1(other.secret, sc.DEFAULT_LABEL + NONCE, 32)
+    assert "prf" not in repr(one) and SECRET.hex() not in repr(one)
+
+
+def test_message_keys_fresh_per_message() -> None:
+    """DerivedKeyTokens are copied from a template: each has its own Id, nonce and key, what one message's token
+    carries never shows in the next one's, and each derives the key it says from the context."""
+    ctx = context_for(WSC_1_3)
+    first, second = sc.message_keys(ctx), sc.message_keys(ctx)
+    tokens = [first.signing, first.encryption, second.signing, second.encryption]
+    assert len({t.id for t in tokens}) == len({t.key for t in tokens}) == 4
+    first.signing.element.find(ns.q(WSC_1_3.wsc, "Nonce")).text = "tampered"
+    first.encryption.element[0][0].set("URI", "urn:other")
+    third = sc.message_keys(ctx)
+    for t in [*tokens[2:], third.signing, third.encryption]:
+        parsed = sc.parse_dkt(reparsed(t.element))
+        assert parsed.id == t.id and parsed.source.identifier == ctx.identifier
+        assert sc.derive_key(parsed, SECRET) == t.key
+    by_generation = sc.build_dkt(WSC_1_3, sc.sct_reference(WSC_1_3, local_id="sct-1"), SECRET, generation=2,
+                                 length=16, label="my label", nonce=NONCE)  # fmt: skip
+    parsed = sc.parse_dkt(reparsed(by_generation.element))
+    assert (parsed.offset, parsed.length, parsed.label, parsed.nonce) == (32, 16, b"my label", NONCE)
+    assert parsed.source.local_id == "sct-1"
+    assert by_generation.key == sc.p_sha1(SECRET, b"my label" + NONCE, 48)[32:]
+    assert sc.message_keys(ctx).signing.element.find(ns.q(WSC_1_3.wsc, "Label")) is None  # the default shape again
 
 
 def test_header_sct_ids_must_be_unique() -> None:
@@ -960,6 +1002,32 @@ def test_sealed_cancellation_shared_through_redis(master_keys: Path, redis_url: 
     finally:
         for r in revocations:
             r.close()
+
+
+def test_sealed_context_refused_after_redis_forgot_cancellations(master_keys: Path, redis_url: str) -> None:
+    """RedisRevocations reads the epoch and the cancellation in one MGET: a Redis found without its epoch (restarted
+    empty: every cancellation forgotten) gets one, and no context issued before it opens again, cancelled or not."""
+    revocations = context_store.RedisRevocations(redis_url)
+    store = context_store.SealedContextStore(context_store.load_master_keys(master_keys), LIFETIME, revocations)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        before = store.issue(SECRET, SUBJECT, V, NOW)
+        assert store.lookup(before.identifier, V, NOW) == before  # opened, and kept opened (the store's cache)
+        client.flushdb()
+        with refused("BadContextToken", V.wsc):
+            store.lookup(before.identifier, V, NOW)
+        epoch = int(client.get(replay.EPOCH_KEY) or 0)
+        assert epoch >= int(NOW.timestamp() * 1000)
+        later = NOW + timedelta(seconds=60) + (datetime.now(UTC) - NOW)
+        after = store.issue(SECRET, SUBJECT, V, later)
+        assert store.lookup(after.identifier, V, later) == after
+        assert int(client.get(replay.EPOCH_KEY) or 0) == epoch  # read, not started again
+        store.cancel(after.identifier, V, later)
+        with refused("BadContextToken", V.wsc):
+            store.lookup(after.identifier, V, later)  # the cancellation's empty value counts
+    finally:
+        client.close()
+        revocations.close()
 
 
 # --- memory store
