@@ -100,6 +100,7 @@ def test_factory_messages_accepted_once(gw, pki: Path) -> None:
     for profile, size in [
         ("rsa-encrypted", "large"),
         ("hmac", "huge"),
+        ("hmac-encrypted", "small"),
         ("xml", "large"),
         ("xml-schema", "huge"),  # the 1 MB query result validated against gateway/demo.xsd
         ("xml-schema", "large"),
