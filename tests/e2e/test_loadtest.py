@@ -239,7 +239,7 @@ def test_bench_outbound_rows_smoke(tmp_path: Path, pki: Path) -> None:
     partner (its own inbound route of the profile), every sampled reply a verified echo; the report sets each
     outbound row beside its inbound row. A smoke run, never a measure."""
     out = io.StringIO()
-    profiles = ["hmac", "outbound-hmac", "outbound-rsa", "outbound-sc"]
+    profiles = ["hmac", "outbound-hmac", "outbound-hmac-encrypted", "outbound-rsa", "outbound-sc"]
     points = bench.run_bench(
         profiles=profiles, sizes=["small"], duration=1, paced_duration=1, rate=20, workers=2,
         out=tmp_path / "out", certs=pki, log=out, engine_scale=0, chart=False,
@@ -252,3 +252,7 @@ def test_bench_outbound_rows_smoke(tmp_path: Path, pki: Path) -> None:
     assert "Outbound: gateway CPU per request" in text
     assert re.search(r"\n  outbound-hmac +1 KB +[\d,]+ +[\d,]+ +-?[\d,]+\n", text), text
     assert re.search(r"\n  outbound-sc +1 KB +[\d,]+ +not measured +-\n", text), text
+    # outbound-hmac-encrypted's partner row was not measured either; its own row and both SC targets are printed
+    assert re.search(r"\n  outbound-hmac-encrypted +1 KB +[\d,]+ +not measured +-\n", text), text
+    assert re.search(r"target \(issue 24\): outbound-sc <= outbound-hmac-encrypted, 1 KB .*x: (met|MISSED)", text), text
+    assert re.search(r"target \(issue 24\): outbound-sc <= outbound-hmac, 1 KB .*x: (met|MISSED)", text), text
