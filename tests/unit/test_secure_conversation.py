@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import dataclasses
+import hmac
 import os
 import time
 import tracemalloc
@@ -184,9 +185,20 @@ def test_p_sha1_lengths() -> None:
 
 
 def test_p_sha1_keyed_once_is_the_same_function() -> None:
-    keyed = sc.keyed_sha1(VECTOR_SECRET)
+    keyed = sc.KeyedSha1(VECTOR_SECRET)
     assert sc.p_sha1(keyed, VECTOR_SEED, 32) == b64("Wv3QzY84KfgwSkn1z3QV+LXEoo3nPraZPysJYtA3u4c=")
     assert sc.p_sha1(keyed, VECTOR_SEED, 100) == sc.p_sha1(VECTOR_SECRET, VECTOR_SEED, 100)  # not used up by a call
+
+
+@pytest.mark.parametrize("size", [0, 1, 16, 20, 32, 63, 64, 65, 128, 255])
+def test_keyed_sha1_is_rfc_2104_hmac_at_every_key_size(size: int) -> None:
+    """KeyedSha1 computes HMAC-SHA1 from SHA-1 states made once: the same MAC as the standard library's for
+    keys shorter than, as long as and longer than SHA-1's block (hashed first), over any data, again and again."""
+    key = os.urandom(size)
+    keyed = sc.KeyedSha1(key)
+    for data in (b"", b"x", os.urandom(100), VECTOR_SEED):
+        assert keyed.mac(data) == hmac.digest(key, data, "sha1")
+        assert keyed.mac(data) == hmac.digest(key, data, "sha1")
 
 
 # --- DerivedKeyToken
