@@ -439,31 +439,35 @@ def is_dkt(el: etree._Element) -> bool:
     return isinstance(el.tag, str) and el.tag in _DKT_TAGS
 
 
+_DKT_VERSIONS = {ns.q(v.wsc, "DerivedKeyToken"): v for v in VERSIONS}
+
+
 @functools.cache
-def _dkt_children(wsc: str) -> frozenset[str]:
-    return frozenset({ns.q(wsc, n) for n in _DKT_PARAMETERS} | {_STR})
+def _dkt_children(wsc: str) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The children a DerivedKeyToken of this version may have, and its parameters' tags (_DKT_PARAMETERS)."""
+    parameters = tuple(ns.q(wsc, n) for n in _DKT_PARAMETERS)
+    return frozenset({*parameters, _STR}), parameters
 
 
 def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     """Read a wsc:DerivedKeyToken. InvalidSecurity if malformed, UnsupportedAlgorithm for an Algorithm other
     than the version's P_SHA1, UnknownDerivationSource when it does not reference an SCT."""
-    qn = etree.QName(el)
-    version = BY_WSC.get(qn.namespace or "")
-    if version is None or qn.localname != "DerivedKeyToken":
+    version = _DKT_VERSIONS.get(el.tag) if isinstance(el.tag, str) else None
+    if version is None:
         raise _invalid_security(f"not a DerivedKeyToken: {str(el.tag)[:120]}")
     algorithm = el.get("Algorithm")
     if algorithm not in (None, version.p_sha1):
         raise faults.security("UnsupportedAlgorithm", f"key derivation algorithm {algorithm[:120]!r}")
-    allowed = _dkt_children(version.wsc)
+    allowed, parameters = _dkt_children(version.wsc)
     children: dict[str, etree._Element] = {}  # one walk over the children, each kind at most once
-    for child in child_elements(el):
-        if child.tag not in allowed:
-            raise _invalid_security(f"DerivedKeyToken: unsupported child {str(child.tag)[:120]}")
-        if children.setdefault(child.tag, child) is not child:
+    for child in el:
+        tag = child.tag
+        if not isinstance(tag, str):
+            continue
+        if tag not in allowed:
+            raise _invalid_security(f"DerivedKeyToken: unsupported child {tag[:120]}")
+        if children.setdefault(tag, child) is not child:
             raise _invalid_security(f"more than one {etree.QName(child).localname}")
-
-    def derived(name: str) -> etree._Element | None:
-        return children.get(ns.q(version.wsc, name))
 
     def unknown_source(reason: str) -> faults.Fault:
         return wsc_fault(version, "UnknownDerivationSource", f"DerivedKeyToken: {reason}")
@@ -471,7 +475,7 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     if _STR not in children:
         raise _invalid_security("DerivedKeyToken without SecurityTokenReference")
     source = parse_sct_ref(children[_STR], version, unknown_source)
-    generation, offset, length_el, label_el, nonce_el = (derived(n) for n in _DKT_PARAMETERS)
+    generation, offset, length_el, label_el, nonce_el = (children.get(t) for t in parameters)
     if generation is not None and offset is not None:
         raise _invalid_security("DerivedKeyToken has both Offset and Generation")
     length = DEFAULT_DK_LENGTH if length_el is None else integer_of(length_el, _invalid_security)
