@@ -284,6 +284,11 @@ def test_dkt_label_and_algorithm() -> None:
         (f"<wsc:Generation>999999</wsc:Generation>{nonce_xml()}", "", "InvalidSecurity"),
         (f"<wsc:Offset>-1</wsc:Offset>{nonce_xml()}", "", "InvalidSecurity"),
         (f"<wsc:Properties/>{nonce_xml()}", "", "InvalidSecurity"),
+        (
+            f'<old:Nonce xmlns:old="{WSC_2005_02.wsc}">{base64.b64encode(NONCE).decode()}</old:Nonce>',
+            "",
+            "InvalidSecurity",
+        ),  # the other version's Nonce
         (nonce_xml(), ' Algorithm="http://example.com/hkdf"', "UnsupportedAlgorithm"),
     ],
 )
