@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import hmac
 import os
+import pickle
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -363,6 +364,16 @@ def test_context_keyed_p_sha1_is_its_own_secret() -> None:
     assert sc.derive(el, fixed(one)).key == sc.p_sha1(SECRET, sc.DEFAULT_LABEL + NONCE, 32)
     assert sc.derive(el, fixed(other)).key == sc.p_sha1(other.secret, sc.DEFAULT_LABEL + NONCE, 32)
     assert "prf" not in repr(one) and SECRET.hex() not in repr(one)
+
+
+def test_context_pickled_or_copied_keys_its_own_sha1() -> None:
+    """A context handed to another process (the bench's pool) or copied is the same context and derives the same
+    keys: its keyed SHA-1 states, which do not pickle, are made again from its secret."""
+    ctx = context_for(WSC_1_3)
+    el = dkt_xml(WSC_1_3, nonce_xml())
+    for other in (pickle.loads(pickle.dumps(ctx)), copy.deepcopy(ctx), copy.copy(ctx)):
+        assert other == ctx and other.prf is not ctx.prf
+        assert sc.derive(el, fixed(other)).key == sc.derive(el, fixed(ctx)).key
 
 
 def test_message_keys_fresh_per_message() -> None:

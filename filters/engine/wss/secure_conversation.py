@@ -229,6 +229,10 @@ class Context:
     def __post_init__(self) -> None:
         object.__setattr__(self, "prf", KeyedSha1(self.secret))
 
+    def __reduce__(self) -> tuple[type[Context], tuple[str, bytes, str, Version, datetime, datetime]]:
+        # SHA-1 states do not pickle: a copy (the bench hands contexts to its worker processes) keys its own.
+        return Context, (self.identifier, self.secret, self.subject, self.version, self.created, self.expires)
+
 
 # ---------------------------------------------------------------------------------------------------------
 # XML helpers
