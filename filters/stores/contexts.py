@@ -288,8 +288,8 @@ class RedisRevocations:
         return True
 
     def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
-        # Every message of every context asks: one MGET (half a pipeline's client CPU); only a Redis found without
-        # its epoch (restarted empty) is written, and whoever comes first starts the epoch (SET NX GET).
+        # Every message of every context asks: one MGET (two thirds of a pipeline's client CPU). Only a Redis found
+        # without its epoch (restarted empty) is written: whoever comes first starts the epoch (SET NX GET).
         mine = now_ms()
         with _redis_errors():
             epoch, cancelled = self._client.mget(EPOCH_KEY, self.prefix + key.hex())
