@@ -4,8 +4,8 @@
     .venv/bin/locust -f loadtest/locustfile.py            # the web UI, http://127.0.0.1:8089
 
 User classes (routes of policies/demo.yaml, or of WSGATE_POLICIES): PlainUser (none, /plain/), TlsUser (tls,
-HTTPS on the 8443 listener, verified against certs/out/ca.pem), XmlUser (xml), HmacUser (hmac), RsaUser (rsa:
-X.509 signatures both ways), RsaEncryptedUser (rsa-encrypted: signed and encrypted both ways), UsernameUser
+HTTPS on the 8443 listener, verified against certs/out/ca.pem), XmlUser (xml), HmacUser (hmac), HmacEncryptedUser
+(hmac-encrypted: hmac with AES-GCM both ways), RsaUser (rsa: X.509 signatures both ways), RsaEncryptedUser (rsa-encrypted: signed and encrypted both ways), UsernameUser
 (username: UsernameToken, PasswordDigest, signed with HMAC and encrypted under the signing key),
 SecureConversationUser (sc: messages in a WS-SecureConversation context, established once per Locust process before
 the test starts).
@@ -252,6 +252,10 @@ class XmlSchemaUser(WsgateUser):
 
 class HmacUser(WsgateUser):
     profile = "hmac"
+
+
+class HmacEncryptedUser(WsgateUser):
+    profile = "hmac-encrypted"
 
 
 class RsaUser(WsgateUser):

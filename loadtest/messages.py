@@ -68,6 +68,7 @@ PROFILES: dict[str, Profile] = {
         Profile("xml", "xml"),
         Profile("xml-schema", "xml-schema"),
         Profile("hmac", "hmac", secured=True),
+        Profile("hmac-encrypted", "hmac-encrypted", secured=True),
         Profile("rsa", "rsa", secured=True),
         Profile("rsa-encrypted", "rsa-encrypted", secured=True),
         Profile("username", "username", secured=True, username=True),

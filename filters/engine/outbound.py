@@ -26,6 +26,7 @@ from filters.engine.profiles import Stores, trust_store
 from filters.engine.requester import Pending, Requester, RequesterError, RequesterKeys, RequesterSettings
 from filters.engine.wss import keys, token
 from filters.engine.wss import secure_conversation as sc
+from filters.engine.wss.optimizations import Optimizations
 from filters.engine.xml.threat_protection import parse_envelope
 from gateway.policy import Route
 
@@ -84,7 +85,7 @@ class OutboundPipeline(RoutePipeline):
             else None,
             decryption_certificate=_decryption_certificate(opts.decryption_certificate, opts.decryption_key),
         )
-        self.requester = Requester(route, settings, loaded)
+        self.requester = Requester(route, settings, loaded, Optimizations.for_route(route))
         if route.profile == "secureconversation":
             self.contexts = stores.partner_contexts(route)
             self.sts = stores.partner_sts(route)

@@ -26,6 +26,7 @@ from filters.engine.profiles import Post, context_security
 from filters.engine.wss import attachments, encryption, keys, saml, signature, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
+from filters.engine.wss.optimizations import Optimizations
 from filters.engine.wss.replay import DeferredReplay, ReplayCache
 from filters.engine.xml import xmlsupport
 from filters.engine.xml.soap import Envelope
@@ -88,13 +89,18 @@ class Requester:
     """Secures requests for one route and opens its replies. On a `secureconversation` route, `establish` first
     (an Issue RST signed like an `rsa` request); messages then use keys derived from the context."""
 
-    def __init__(self, route: Route, cfg: RequesterSettings, keys_: RequesterKeys) -> None:
+    def __init__(
+        self, route: Route, cfg: RequesterSettings, keys_: RequesterKeys, optimizations: Optimizations | None = None
+    ) -> None:
+        """`optimizations`: the route's (the outbound gateway's: digests computed directly, xmlsec signing only the
+        canonical SignedInfo, as on inbound routes); None, as for the client tool: xmlsec's reference processing."""
         if route.profile not in ("rsa", "hmac", "secureconversation", "saml"):
             raise ValueError(f"route {route.name}: the requester secures rsa, hmac, secureconversation and saml routes")
         if (route.profile == "saml") != (cfg.assertion is not None):
             raise ValueError(f"route {route.name}: an assertion is sent to saml routes, and only there")
         self.route = route
         self.cfg = cfg
+        self.optimizations = optimizations
         self.private_key = keys_.private_key
         self.certificate = keys_.certificate
         self.gateway_cert = keys_.recipient
@@ -178,7 +184,8 @@ class Requester:
         pending = Pending(soap_version=env.version)
         if route.profile != "hmac":
             bst_id = sending.new_id("X509")
-            sign = sending.SignWith(self.signer, lambda: keys.str_reference(bst_id, ns.X509V3), self.certificate)
+            sign = sending.SignWith(self.signer, lambda: keys.str_reference(bst_id, ns.X509V3), self.certificate,
+                                    self.optimizations)  # fmt: skip
             tokens: tuple[etree._Element, ...] = ()
             if cfg.assertion is not None:
                 assertion, sign = self._assertion(sign)
@@ -199,9 +206,8 @@ class Requester:
             if secret is None:
                 raise RequesterError(f"no pre-shared key named {cfg.key_name!r} in {route.hmac.keys_file}")
             name = cfg.key_name
-            sign = sending.SignWith(
-                signature.Signer(secret, self.hmac_algorithm, self.digest), lambda: keys.str_pre_shared_key(name)
-            )
+            sign = sending.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest),
+                                    lambda: keys.str_pre_shared_key(name), optimizations=self.optimizations)  # fmt: skip
             encrypt = None
             if self.encrypts or self.encrypts_user:
                 encrypt = sending.EncryptFor(self._algorithm_for(secret), secret=secret,
@@ -214,7 +220,8 @@ class Requester:
             return env.serialize(), pending
         # The symmetric binding: a fresh key, sent encrypted to the recipient, signs and encrypts.
         secret = encryption.new_key(algorithm) if self.encrypts or self.encrypts_user else os.urandom(32)
-        sign = sending.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest), None)
+        sign = sending.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest), None,
+                                optimizations=self.optimizations)  # fmt: skip
         encrypt = sending.EncryptFor(algorithm, secret=secret)
         got = sending.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
                                 encrypt=encrypt if self.encrypts else None, user=user,
@@ -243,7 +250,8 @@ class Requester:
 
     def _secure_in_context(self, env: Envelope, now: datetime) -> bytes:
         assert self.context is not None
-        sign, encrypt, tokens = context_security(self.context, self.route, encrypt=self.encrypts)
+        sign, encrypt, tokens = context_security(self.context, self.route, encrypt=self.encrypts,
+                                                 optimizations=self.optimizations)  # fmt: skip
         sending.secure(env, now, timestamp_ttl_s=self.cfg.timestamp_ttl_s, sign=sign,
                           sign_parts=tuple(p for p in self.route.signature.parts if p != "username_token"),
                           encrypt=encrypt, tokens=tokens, unique_ids=True,
@@ -327,6 +335,7 @@ class Requester:
             if pending.encrypted_key_sha1 and pending.secret
             else {},
             replay=self.replay,
+            optimizations=self.optimizations,
         )
         requirements = self.reply_requirements
         if self.context is not None and security is not None and any(sc.is_dkt(c) for c in security.iterchildren()):

@@ -288,13 +288,14 @@ class RedisRevocations:
         return True
 
     def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
+        # Every message of every context asks: one MGET (two thirds of a pipeline's client CPU). Only a Redis found
+        # without its epoch (restarted empty) is written: whoever comes first starts the epoch (SET NX GET).
         mine = now_ms()
         with _redis_errors():
-            pipe = self._client.pipeline(transaction=False)
-            pipe.set(EPOCH_KEY, str(mine), nx=True, get=True)
-            pipe.exists(self.prefix + key.hex())
-            epoch, cancelled = pipe.execute()
-        return bool(cancelled) or _ms(issued) <= epoch_of(epoch, mine)
+            epoch, cancelled = self._client.mget(EPOCH_KEY, self.prefix + key.hex())
+            if epoch is None:
+                epoch = self._client.set(EPOCH_KEY, str(mine), nx=True, get=True)
+        return cancelled is not None or _ms(issued) <= epoch_of(epoch, mine)
 
     def close(self) -> None:
         self._client.close()

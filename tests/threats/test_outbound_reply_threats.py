@@ -31,6 +31,7 @@ SERVICES = {
     "/other/": Service(stem="client2"),  # the demo CA, but not the partner's subject
     "/downgraded/": Service(),  # signs, but does not encrypt
     **SC_SERVICES,
+    "/rsa-cached/": Service(),  # as /rsa/, the route's optimizations all on
 }
 
 
@@ -47,7 +48,9 @@ def gw(module_gateway: GatewayFactory, pki: Path, partner: Wss4jPartner, listen:
         outbound_route(pki, "rsa", "downgraded", partner, listen, encryption=encrypted, **shared),
         sc_outbound_route(pki, partner, listen),
         sc_outbound_route(pki, partner, listen, name="sc-signed"),
-    ]
+        outbound_route(pki, "rsa", "rsa-cached", partner, listen, **shared,
+                       optimizations={"on_demand_c14n": True, "digest_cache": True, "prehash": True}),
+    ]  # fmt: skip
     return module_gateway(routes, workers=2, metrics=True)
 
 
@@ -91,6 +94,23 @@ def test_partner_reply_tampered_after_signing_is_refused(
     text = f"tamper-{version}"
     partner.tamper = lambda xml: xml.replace(f">{text}<".encode(), b">pay the attacker<")
     resp = post(listen, f"/{route}/echo", echo(text, version), version)
+    assert_refused(gw, resp, version, "FailedCheck")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_partner_reply_tampered_is_refused_with_every_optimization_on(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+) -> None:
+    """An outbound route verifies replies (and signs requests) with its optimizations, as inbound routes do: the
+    digests computed directly, here with the received form hashed first and verified digests remembered. A reply
+    tampered after signing is still a failed check."""
+    text = f"optimized-{version}"
+    good = post(listen, "/rsa-cached/echo", echo(text, version), version)
+    assert good.status_code == 200 and text.encode() in good.content, good.text
+    lines = "".join(requests.get(u, timeout=5).text for u in gw.metrics_urls()).splitlines()
+    assert any('optimization="on_demand_c14n"' in m and 'route="rsa-cached"' in m for m in lines)  # the route's path
+    partner.tamper = lambda xml: xml.replace(f">{text}<".encode(), b">pay the attacker<")
+    resp = post(listen, "/rsa-cached/echo", echo(text, version), version)
     assert_refused(gw, resp, version, "FailedCheck")
 
 

@@ -112,6 +112,12 @@ def test_no_parse_path_opens_a_file_and_a_dtd_is_refused_on_each(
     monkeypatch.setattr(
         threat_protection, "_parse_incremental", lambda *a, **kw: strategies.add("incremental") or incremental(*a, **kw)
     )
+    fragments: set[str] = set()  # decrypted content takes both ways too (padded documents: the incremental one)
+    f_whole, f_incremental = threat_protection._fragment_whole, threat_protection._fragment_incremental
+    monkeypatch.setattr(threat_protection, "_fragment_whole", lambda *a: fragments.add("whole") or f_whole(*a))
+    monkeypatch.setattr(
+        threat_protection, "_fragment_incremental", lambda *a: fragments.add("incremental") or f_incremental(*a)
+    )
     paths: dict[str, Callable[[bytes], object]] = {
         "parse_envelope": lambda d: threat_protection.parse_envelope(d, SMALL_ELEMENTS),
         # The parsers themselves, as if the DOCTYPE check had missed: the resolver still refuses.
@@ -131,7 +137,7 @@ def test_no_parse_path_opens_a_file_and_a_dtd_is_refused_on_each(
             got = _outcome(lambda path=path, data=data: path(data))
             assert got is not None or not declares_dtd, f"{name}: {case} accepted"
             assert probe.opened == 0, f"{name}: {case}"
-    assert strategies == {"whole", "incremental"}
+    assert strategies == fragments == {"whole", "incremental"}
 
 
 def _exchange(pipeline: RoutePipeline, pki: Path) -> Exchange:

@@ -6,7 +6,7 @@ import io
 import math
 from dataclasses import dataclass
 
-from loadtest import targets
+from loadtest import outbound, targets
 
 
 @dataclass
@@ -53,3 +53,35 @@ def test_unmeasured_floor_or_baseline_says_not_measured() -> None:
     lines = _report({("rsa", "small"): P(1390), ("hmac", "small"): P(300), ("hmac", "large"): P(700)}, no_openssl)
     assert lines["rsa beside 1 RSA op, 1 KB"].endswith("not measured")  # no none
     assert lines["hmac, 30 KB"].endswith("not measured")  # no bytes floor
+
+
+def test_secureconversation_held_to_the_row_that_protects_alike_naming_both() -> None:
+    # `sc` signs and encrypts both ways: its target row is hmac-encrypted; plain hmac (signing only) is shown too.
+    lines = _report({("hmac", "small"): P(300), ("hmac-encrypted", "small"): P(400),
+                     ("secureconversation", "small"): P(430)})  # fmt: skip
+    like = lines["secureconversation vs hmac-encrypted, 1 KB"]
+    assert "met" in like and "1.1x hmac-encrypted, like for like" in like and "440" in like  # 430 <= 1.1 x 400
+    assert "MISSED" in lines["secureconversation vs hmac, 1 KB"]  # 430 > 330
+    no_row = _report({("hmac", "small"): P(300), ("secureconversation", "small"): P(320)})
+    assert no_row["secureconversation vs hmac-encrypted, 1 KB"].endswith("not measured")
+
+
+@dataclass
+class Row(P):
+    profile: str = ""
+    size: str = "small"
+
+
+def test_outbound_sc_target_against_outbound_hmac_encrypted_and_hmac() -> None:
+    out = io.StringIO()
+    rows = [Row(900, profile="hmac"), Row(1200, profile="hmac-encrypted"), Row(1300, profile="secureconversation"),
+            Row(2000, profile="outbound-hmac"), Row(2600, profile="outbound-hmac-encrypted"),
+            Row(2500, profile="outbound-sc")]  # fmt: skip
+    outbound.report(rows, out)
+    text = out.getvalue()
+    row = next(line.split() for line in text.splitlines() if line.startswith("  outbound-hmac-encrypted "))
+    assert row[-3:] == ["2,600", "1,200", "1,400"]  # both sides, its partner's inbound row, the outbound side
+    like = next(line for line in text.splitlines() if "<= outbound-hmac-encrypted" in line)
+    assert "outbound-sc" in like and "0.96x: met" in like and "like for like" in like  # 2500 / 2600
+    plain = next(line for line in text.splitlines() if "<= outbound-hmac," in line)
+    assert "1.25x: MISSED" in plain  # 2500 / 2000

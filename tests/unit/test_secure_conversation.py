@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
+import hmac
 import os
+import pickle
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -182,6 +185,23 @@ def test_p_sha1_lengths() -> None:
         sc.p_sha1(VECTOR_SECRET, VECTOR_SEED, -1)
 
 
+def test_p_sha1_keyed_once_is_the_same_function() -> None:
+    keyed = sc.KeyedSha1(VECTOR_SECRET)
+    assert sc.p_sha1(keyed, VECTOR_SEED, 32) == b64("Wv3QzY84KfgwSkn1z3QV+LXEoo3nPraZPysJYtA3u4c=")
+    assert sc.p_sha1(keyed, VECTOR_SEED, 100) == sc.p_sha1(VECTOR_SECRET, VECTOR_SEED, 100)  # not used up by a call
+
+
+@pytest.mark.parametrize("size", [0, 1, 16, 20, 32, 63, 64, 65, 128, 255])
+def test_keyed_sha1_is_rfc_2104_hmac_at_every_key_size(size: int) -> None:
+    """KeyedSha1 computes HMAC-SHA1 from SHA-1 states made once: the same MAC as the standard library's for
+    keys shorter than, as long as and longer than SHA-1's block (hashed first), over any data, again and again."""
+    key = os.urandom(size)
+    keyed = sc.KeyedSha1(key)
+    for data in (b"", b"x", os.urandom(100), VECTOR_SEED):
+        assert keyed.mac(data) == hmac.digest(key, data, "sha1")
+        assert keyed.mac(data) == hmac.digest(key, data, "sha1")
+
+
 # --- DerivedKeyToken
 
 
@@ -265,6 +285,11 @@ def test_dkt_label_and_algorithm() -> None:
         (f"<wsc:Generation>999999</wsc:Generation>{nonce_xml()}", "", "InvalidSecurity"),
         (f"<wsc:Offset>-1</wsc:Offset>{nonce_xml()}", "", "InvalidSecurity"),
         (f"<wsc:Properties/>{nonce_xml()}", "", "InvalidSecurity"),
+        (
+            f'<old:Nonce xmlns:old="{WSC_2005_02.wsc}">{base64.b64encode(NONCE).decode()}</old:Nonce>',
+            "",
+            "InvalidSecurity",
+        ),  # the other version's Nonce
         (nonce_xml(), ' Algorithm="http://example.com/hkdf"', "UnsupportedAlgorithm"),
     ],
 )
@@ -327,6 +352,51 @@ def test_dkt_referencing_an_sct_in_the_same_header(version: Version) -> None:
     # Without the header's SCTs, '#sct-1' names nothing.
     with refused("UnknownDerivationSource", version.wsc):
         sc.derive(reparsed(mine.signing.element), contexts.store_resolver(store, NOW))
+
+
+def test_context_keyed_p_sha1_is_its_own_secret() -> None:
+    """Context.prf (keyed once per context) derives with that context's secret only: another secret, or the same
+    context rebuilt with another one (dataclasses.replace), derives another key from the same token."""
+    el = dkt_xml(WSC_1_3, nonce_xml())
+    one = context_for(WSC_1_3)
+    other = dataclasses.replace(one, secret=bytes(range(1, 33)))
+    assert other.prf is not one.prf and other == dataclasses.replace(one, secret=other.secret)
+    assert sc.derive(el, fixed(one)).key == sc.p_sha1(SECRET, sc.DEFAULT_LABEL + NONCE, 32)
+    assert sc.derive(el, fixed(other)).key == sc.p_sha1(other.secret, sc.DEFAULT_LABEL + NONCE, 32)
+    assert "prf" not in repr(one) and SECRET.hex() not in repr(one)
+
+
+def test_context_pickled_or_copied_keys_its_own_sha1() -> None:
+    """A context handed to another process (the bench's pool) or copied is the same context and derives the same
+    keys: its keyed SHA-1 states, which do not pickle, are made again from its secret."""
+    ctx = context_for(WSC_1_3)
+    el = dkt_xml(WSC_1_3, nonce_xml())
+    for other in (pickle.loads(pickle.dumps(ctx)), copy.deepcopy(ctx), copy.copy(ctx)):
+        assert other == ctx and other.prf is not ctx.prf
+        assert sc.derive(el, fixed(other)).key == sc.derive(el, fixed(ctx)).key
+
+
+def test_message_keys_fresh_per_message() -> None:
+    """DerivedKeyTokens are copied from a template: each has its own Id, nonce and key, what one message's token
+    carries never shows in the next one's, and each derives the key it says from the context."""
+    ctx = context_for(WSC_1_3)
+    first, second = sc.message_keys(ctx), sc.message_keys(ctx)
+    tokens = [first.signing, first.encryption, second.signing, second.encryption]
+    assert len({t.id for t in tokens}) == len({t.key for t in tokens}) == 4
+    first.signing.element.find(ns.q(WSC_1_3.wsc, "Nonce")).text = "tampered"
+    first.encryption.element[0][0].set("URI", "urn:other")
+    third = sc.message_keys(ctx)
+    for t in [*tokens[2:], third.signing, third.encryption]:
+        parsed = sc.parse_dkt(reparsed(t.element))
+        assert parsed.id == t.id and parsed.source.identifier == ctx.identifier
+        assert sc.derive_key(parsed, SECRET) == t.key
+    by_generation = sc.build_dkt(WSC_1_3, sc.sct_reference(WSC_1_3, local_id="sct-1"), SECRET, generation=2,
+                                 length=16, label="my label", nonce=NONCE)  # fmt: skip
+    parsed = sc.parse_dkt(reparsed(by_generation.element))
+    assert (parsed.offset, parsed.length, parsed.label, parsed.nonce) == (32, 16, b"my label", NONCE)
+    assert parsed.source.local_id == "sct-1"
+    assert by_generation.key == sc.p_sha1(SECRET, b"my label" + NONCE, 48)[32:]
+    assert sc.message_keys(ctx).signing.element.find(ns.q(WSC_1_3.wsc, "Label")) is None  # the default shape again
 
 
 def test_header_sct_ids_must_be_unique() -> None:
@@ -960,6 +1030,32 @@ def test_sealed_cancellation_shared_through_redis(master_keys: Path, redis_url: 
     finally:
         for r in revocations:
             r.close()
+
+
+def test_sealed_context_refused_after_redis_forgot_cancellations(master_keys: Path, redis_url: str) -> None:
+    """RedisRevocations reads the epoch and the cancellation in one MGET: a Redis found without its epoch (restarted
+    empty: every cancellation forgotten) gets one, and no context issued before it opens again, cancelled or not."""
+    revocations = context_store.RedisRevocations(redis_url)
+    store = context_store.SealedContextStore(context_store.load_master_keys(master_keys), LIFETIME, revocations)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        before = store.issue(SECRET, SUBJECT, V, NOW)
+        assert store.lookup(before.identifier, V, NOW) == before  # opened, and kept opened (the store's cache)
+        client.flushdb()
+        with refused("BadContextToken", V.wsc):
+            store.lookup(before.identifier, V, NOW)
+        epoch = int(client.get(replay.EPOCH_KEY) or 0)
+        assert epoch >= int(NOW.timestamp() * 1000)
+        later = NOW + timedelta(seconds=60) + (datetime.now(UTC) - NOW)
+        after = store.issue(SECRET, SUBJECT, V, later)
+        assert store.lookup(after.identifier, V, later) == after
+        assert int(client.get(replay.EPOCH_KEY) or 0) == epoch  # read, not started again
+        store.cancel(after.identifier, V, later)
+        with refused("BadContextToken", V.wsc):
+            store.lookup(after.identifier, V, later)  # the cancellation's empty value counts
+    finally:
+        client.close()
+        revocations.close()
 
 
 # --- memory store

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
+from lxml import etree
 
 from filters.engine import faults
 from filters.engine.xml import threat_protection
@@ -279,3 +280,92 @@ def test_namespace_heavy_bodies_are_parsed_whole_and_refused_as_the_incremental_
     if refused is not None:  # the same document refused; the whole parse names the scope (a flood on one element
         assert refused in expected and "namespace declarations in scope over 12" in got  # is in its scope)
     assert strategies == []  # without a Python event per element or declaration
+
+
+# --- decrypted content (parse_fragment): parsed whole where the bytes bound it, else incrementally; the same
+# refusals either way, the depth limit counted from where the content lands.
+
+FRAGMENT_NS = {"soap": "http://schemas.xmlsoap.org/soap/envelope/", "wsu": "urn:wsu"}
+FRAGMENT_DEPTH = 2  # a decrypted Body's content: the wrapper stands in for the Body, at depth 2
+FRAGMENTS = {
+    "plain": ("<a>hi</a> tail <b/>", None),
+    "text only": ("just text", None),
+    "prefix in scope where it lands": ("<soap:x wsu:y='1'/>", None),
+    "at depth limit": ("<a>" * 18 + "</a>" * 18, None),  # Body at 2: its content reaches 20
+    "over depth limit": ("<a>" * 19 + "</a>" * 19, "nesting depth over 20"),
+    "at attribute limit": ('<a b="1" c="2" d="3" e="4" f="5"/>', None),
+    "over attribute limit": ('<a b="1" c="2" d="3" e="4" f="5" g="6"/>', "attribute count over 5"),
+    "pi": ("<a/><?evil thing?>", "processing instruction in message"),
+    "pi inside": ("<a><?evil thing?></a>", "processing instruction in message"),
+    "comment": ("<!-- note --><a/>", None),
+    "cdata": ("<a><![CDATA[<not an element>]]></a>", None),
+    "malformed": ("<a><b></a>", "malformed XML"),
+    "closes the wrapper": ("</wsgate-fragment><x/>", "malformed XML"),
+    "doctype": ('<!DOCTYPE a [<!ENTITY e "x">]><a>&e;</a>', "malformed XML"),
+    "undefined entity": ("<a>&nope;</a>", "malformed XML"),
+    "unbound prefix": ("<q:a/>", "malformed XML"),
+    "declarations per element": (
+        "<a " + " ".join(f'xmlns:p{i}="urn:{i}"' for i in range(9)) + "/>",
+        "namespace declarations on one element over 8",
+    ),
+    "declarations in scope": (
+        "<a " + " ".join(f'xmlns:p{i}="urn:{i}"' for i in range(6)) + "><b "
+        + " ".join(f'xmlns:q{i}="urn:{i}"' for i in range(6)) + "/></a>",
+        "namespace declarations in scope over 12",
+    ),
+}  # fmt: skip
+
+
+def _fragment_outcomes(text: str, depth: int = FRAGMENT_DEPTH) -> tuple[str | None, str | None]:
+    """What the whole parse (with its checks) and the incremental one make of the same content."""
+    wrapper = f"<wsgate-fragment{''.join(f' xmlns:{p}={u!r}' for p, u in FRAGMENT_NS.items())}>".encode()
+    parts = [wrapper, text.encode(), b"</wsgate-fragment>"]
+    outcomes: list[str | None] = []
+    for parse in (lambda: threat_protection._fragment_whole(b"".join(parts), LIMITS, depth),
+                  lambda: threat_protection._fragment_incremental(parts, LIMITS, depth)):  # fmt: skip
+        try:
+            parse()
+            outcomes.append(None)
+        except faults.Fault as fault:
+            outcomes.append(fault.reason)
+        except etree.XMLSyntaxError:  # parse_fragment turns it into a Client fault
+            outcomes.append("malformed XML")
+    return outcomes[0], outcomes[1]
+
+
+@pytest.mark.parametrize("case", sorted(FRAGMENTS))
+def test_decrypted_content_parsed_whole_or_incrementally_refused_alike(case: str) -> None:
+    text, refused = FRAGMENTS[case]
+    whole, incremental = _fragment_outcomes(text)
+    if refused is None:
+        root = threat_protection.parse_fragment([text.encode()], FRAGMENT_NS, LIMITS, FRAGMENT_DEPTH)
+        assert root.tag == "wsgate-fragment" and whole is None and incremental is None
+        return
+    with pytest.raises(faults.Fault) as got:
+        threat_protection.parse_fragment([text.encode()], FRAGMENT_NS, LIMITS, FRAGMENT_DEPTH)
+    assert refused in got.value.reason and incremental is not None and refused in incremental
+    if "declarations" not in case:  # content the bytes do not bound so is never parsed whole
+        assert whole is not None and refused in whole
+
+
+def test_decrypted_content_parsed_whole_only_where_the_bytes_bound_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    whole, incremental = threat_protection._fragment_whole, threat_protection._fragment_incremental
+    monkeypatch.setattr(threat_protection, "_fragment_whole", lambda *a: calls.append("whole") or whole(*a))
+    monkeypatch.setattr(
+        threat_protection, "_fragment_incremental", lambda *a: calls.append("incremental") or incremental(*a)
+    )
+
+    def parse(text: str, depth: int = FRAGMENT_DEPTH) -> None:
+        threat_protection.parse_fragment([text.encode()], FRAGMENT_NS, LIMITS, depth)
+
+    parse("<a/>" * 10)
+    parse("<a/>" * 500)  # with the wrapper's own two '<': 502 in the bytes, 500 elements at most
+    with pytest.raises(faults.Fault, match="element count over 500"):
+        parse("<a/>" * 501)
+    with pytest.raises(faults.Fault, match="text node longer than 100000"):
+        parse("<a>" + "x" * 100_001 + "</a>")  # a text node could be over the limit: counted
+    parse("<a " + " ".join(f'xmlns:p{i}="urn:{i}"' for i in range(7)) + "/>")  # 2 + 7 declarations: over 8
+    with pytest.raises(faults.Fault, match="nesting depth over 20"):
+        parse("<a/>", depth=21)  # the wrapper's own place is too deep: the incremental parse says so
+    assert calls == ["whole", "whole", "incremental", "incremental", "incremental", "incremental"]

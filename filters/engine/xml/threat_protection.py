@@ -10,7 +10,8 @@ declarations in scope are counted (where the bytes hold more "xmlns" than allowe
 elements that declare namespaces give events; that count bounds each element's own as well, unless the policy
 allows fewer on one element than in scope (then the bytes must prove both). Any other body is parsed
 incrementally and refused as soon as it crosses a limit (bounded memory and time), before anything serializes or
-canonicalizes it. Nothing is ever loaded from the network or the file system (filters/engine/xml/xmlsupport.py)."""
+canonicalizes it. Decrypted content (parse_fragment) takes the same two ways. Nothing is ever loaded from the
+network or the file system (filters/engine/xml/xmlsupport.py)."""
 
 from __future__ import annotations
 
@@ -249,21 +250,23 @@ def parse_fragment(
     The content is parsed inside a wrapper element declaring `nsmap`, so it may use the prefixes in scope
     where it came from; the wrapper is returned and its children are the content. `depth` is the depth of the
     element the wrapper stands in for, so the depth limit counts from the content's place in the document;
-    the element limit applies to the fragment alone. Raises a Client fault like parse_envelope."""
+    the element limit applies to the fragment alone. Raises a Client fault like parse_envelope, and like it
+    parses whole, checked in C, content whose bytes prove the element, length and namespace limits (fewer '<'
+    than elements allowed, fewer bytes than a text may have, fewer "xmlns" with the wrapper's own than one
+    element may declare or have in scope): a decrypted Body, mostly."""
     decls = "".join(f" xmlns{':' + prefix if prefix else ''}={quoteattr(uri)}" for prefix, uri in nsmap.items())
-    parser = _parser()
-    # The wrapper's own start event brings the depth to `depth`, and it is no element of the fragment.
-    checks = _Checks(parser, limits, depth=depth - 1)
-    checks.elements = -1
-    checks.exempt = True  # the wrapper carries the namespaces in scope where the content was, not its own
+    parts = [f"<wsgate-fragment{decls}>".encode(), *chunks, b"</wsgate-fragment>"]
+    doc = b"".join(parts)
+    size = len(doc) - len(parts[0]) - len(parts[-1])
+    declarations = min(limits.max_namespace_declarations, limits.max_namespaces_in_scope)
+    whole = (
+        depth <= limits.max_depth  # else the wrapper's place is over the limit: the incremental parse says so
+        and size <= limits.max_text_length
+        and doc.count(b"<") - 2 <= limits.max_elements
+        and doc.count(b"xmlns") <= declarations  # the wrapper's declarations and the content's, at most
+    )
     try:
-        checks.feed(f"<wsgate-fragment{decls}>".encode())
-        for chunk in chunks:
-            checks.feed(chunk)
-        checks.feed(b"</wsgate-fragment>")
-        root = parser.close()
-        checks.check()  # anything the parser only let go of at close
-        checks.check_tail()
+        root = _fragment_whole(doc, limits, depth) if whole else _fragment_incremental(parts, limits, depth)
     except etree.XMLSyntaxError as exc:
         # The error's kind and place only: its text quotes the fragment, which may be decrypted plaintext.
         last = exc.error_log.last_error if exc.error_log else None
@@ -274,6 +277,33 @@ def parse_fragment(
     # Inside the wrapper the grammar has no place for a DOCTYPE; checked all the same.
     if root.getroottree().docinfo.doctype:
         raise faults.client("DTD in fragment")
+    return root
+
+
+def _fragment_whole(doc: bytes, limits: Limits, depth: int) -> etree._Element:
+    root = etree.fromstring(doc, _WHOLE)
+    # The wrapper is the document element, at `depth`: content at the document's level n is at depth - 1 + n.
+    found = int(_tree_checks(limits.max_depth - depth + 1, limits.max_attributes)(root))
+    if found & 1:
+        raise faults.client(f"nesting depth over {limits.max_depth}")
+    if found & 2:
+        raise faults.client(f"attribute count over {limits.max_attributes}")
+    if found & 4:
+        raise faults.client("processing instruction in message")
+    return root
+
+
+def _fragment_incremental(parts: list[bytes], limits: Limits, depth: int) -> etree._Element:
+    parser = _parser()
+    # The wrapper's own start event brings the depth to `depth`, and it is no element of the fragment.
+    checks = _Checks(parser, limits, depth=depth - 1)
+    checks.elements = -1
+    checks.exempt = True  # the wrapper carries the namespaces in scope where the content was, not its own
+    for part in parts:
+        checks.feed(part)
+    root = parser.close()
+    checks.check()  # anything the parser only let go of at close
+    checks.check_tail()
     return root
 
 
