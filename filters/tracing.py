@@ -3,7 +3,7 @@ child per engine stage (parse: the threat checks, security_header with decrypt, 
 digest inside it, secure_conversation, schema, serialize, secure...), exported over OTLP/HTTP to the collector
 the policy names (edge.tracing).
 
-The engine knows no tracer: it tells `filters.engine.metrics.hook` of its stages. The frame hands the ext_proc
+The engine knows no tracer: it tells `filters.engine.metrics.stages.hook` of its stages. The frame hands the ext_proc
 stream's W3C traceparent (from its gRPC metadata: Envoy's span, or nothing when Envoy is not tracing the request)
 to the request phase as the `traceparent` header. Sampling is Envoy's: a phase is traced only when its parent
 is sampled. Spans carry the route, the profile, the phase, the stage and the fault's reason code: never a key,

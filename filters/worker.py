@@ -32,7 +32,7 @@ import wsgate_frame
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
 from wsgate_frame import Answer, Body, RenderedFault, ReplayCheck, ReplayOutcome, Route, Table
 
-from filters.engine import faults, metrics
+from filters.engine import faults, metrics, turn
 from filters.engine.engine import Engine, Exchange, RoutePipeline, fault_soap_version
 from filters.engine.mime.package import Segments, is_multipart
 from filters.engine.profiles import SecuredPipeline
@@ -102,8 +102,9 @@ class _Refused(Exception):
 
 class Worker:
     """What the frame calls back: `handle` per body phase, `refused` per refusal of its own, `replay_refused` when
-    its replay check refuses, `reload` on SIGHUP, `ready` once it listens. Everything runs on the worker's one
-    thread, one call at a time."""
+    its replay check refuses, `reload` on SIGHUP, `ready` once it listens. `handle` comes from the frame's
+    engine threads, the others from its gRPC thread; each but `refused` and `ready` (a log line, counters, a
+    file) holds the engine's turn: one at a time, as the engine is written (filters/engine/turn.py)."""
 
     def __init__(self, policies_dir: Path, budget_bytes: int, ready_file: Path | None = None) -> None:
         self.policies_dir = policies_dir
@@ -143,6 +144,10 @@ class Worker:
             os.replace(tmp, self.ready_file)
 
     def reload(self) -> Table | None:
+        with turn.held():
+            return self._reload()
+
+    def _reload(self) -> Table | None:
         self.reloads += 1
         try:
             engine, tracing = self._load()
@@ -183,6 +188,12 @@ class Worker:
         """The one call from the frame into the engine, with the phase's headers (the request's, or the
         response's). Never raises: a fault is an answer, and so is a bug (a generic fault: fail closed, the
         traceback only in the log)."""
+        with turn.held():
+            return self._phase(route_name, phase, body, headers, in_flight)
+
+    def _phase(
+        self, route_name: str, phase: str, body: Body | bytes, headers: dict[str, str], in_flight: InFlight | None
+    ) -> Answer:
         p = in_flight or InFlight(headers)
         if phase == "response" and in_flight is None:
             # No request of this exchange went through a worker: the reply is Envoy's own, made before ext_proc
@@ -190,7 +201,7 @@ class Worker:
             # through every filter's response side, this one's too.
             return Answer.forward(None, [], p, None)
         label = self._label(route_name) if p.pipeline is None else p.label
-        spans = metrics.hook[0] = self.tracer.start(p.headers, *label, phase)
+        spans = metrics.stages.hook = self.tracer.start(p.headers, *label, phase)
         fault_reason: str | None = None
         try:
             return self._handle(route_name, phase, body, headers, p)
@@ -198,7 +209,7 @@ class Worker:
             fault_reason = refused.reason
             return refused.answer
         finally:
-            metrics.hook[0] = None
+            metrics.stages.hook = None
             if spans is not None:
                 spans.finish(fault_reason)
 
@@ -253,6 +264,10 @@ class Worker:
     def replay_refused(self, route_name: str, in_flight: InFlight, outcome: ReplayOutcome) -> Answer:
         """The frame found one of `in_flight.replay` already set (a replay), the message not newer than the store's
         epoch, or could not ask Redis (fail closed): the refusal, counted and logged as the engine's own."""
+        with turn.held():
+            return self._replay_refused(route_name, in_flight, outcome)
+
+    def _replay_refused(self, route_name: str, in_flight: InFlight, outcome: ReplayOutcome) -> Answer:
         match outcome:
             case ReplayOutcome.Replayed(index=index) if 0 <= index < len(in_flight.replay):
                 fault = in_flight.replay[index].fault

@@ -4,6 +4,7 @@ timings. The frame's own counters and the body budget join them on the same endp
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import ParamSpec, Protocol, TypeVar
@@ -58,7 +59,7 @@ class stage:
     pipeline opens parse, security_header, secure and serialize for its route; the engine's modules open the
     finer ones (decrypt, c14n, digest, signature_check, signature_creation, encryption) inside those, with no
     route (they inherit the enclosing stage's). Outside any pipeline stage (the client, tests) nothing is
-    recorded. One clock per worker (the engine is synchronous): each entry or exit charges the time since the
+    recorded. One clock per call (per engine thread): each entry or exit charges the time since the
     last one to the innermost open stage, and when the pipeline stage closes each stage kind it saw is observed
     once with its sum (six C14N runs in one response: one c14n observation)."""
 
@@ -84,37 +85,45 @@ class StageHook(Protocol):
     def exit(self) -> None: ...
 
 
-hook: list[StageHook | None] = [None]  # set by the worker per exchange phase, None otherwise
-_open: list[str] = []  # the open stages' names, innermost last
-_spent: dict[str, float] = {}  # seconds per stage name since the pipeline stage opened
-_clock: list[float] = [0.0]  # the last entry or exit
-_route: list[Route | None] = [None]  # the pipeline stage's route
+class _Stages(threading.local):
+    """A call's open stages: per thread, as a call runs on one engine thread from start to end and another may
+    run while it waits on the network (filters/engine/turn.py)."""
+
+    def __init__(self) -> None:
+        self.hook: StageHook | None = None  # set by the worker per exchange phase, None otherwise
+        self.open: list[str] = []  # the open stages' names, innermost last
+        self.spent: dict[str, float] = {}  # seconds per stage name since the pipeline stage opened
+        self.clock = 0.0  # the last entry or exit
+        self.route: Route | None = None  # the pipeline stage's route
+
+
+stages = _Stages()
 
 
 def _enter(name: str, route: Route | None) -> None:
-    now = time.perf_counter()
-    if _open:
-        top = _open[-1]
-        _spent[top] = _spent.get(top, 0.0) + now - _clock[0]
+    now, st = time.perf_counter(), stages
+    if st.open:
+        top = st.open[-1]
+        st.spent[top] = st.spent.get(top, 0.0) + now - st.clock
     else:
-        _route[0] = route
-        _spent.clear()
-    _open.append(name)
-    _clock[0] = now
-    if hook[0] is not None:
-        hook[0].enter(name)
+        st.route = route
+        st.spent.clear()
+    st.open.append(name)
+    st.clock = now
+    if st.hook is not None:
+        st.hook.enter(name)
 
 
 def _exit() -> None:
-    now = time.perf_counter()
-    name = _open.pop()
-    _spent[name] = _spent.get(name, 0.0) + now - _clock[0]
-    _clock[0] = now
-    if hook[0] is not None:
-        hook[0].exit()
-    route = _route[0]
-    if not _open and route is not None:
-        for kind, spent in _spent.items():
+    now, st = time.perf_counter(), stages
+    name = st.open.pop()
+    st.spent[name] = st.spent.get(name, 0.0) + now - st.clock
+    st.clock = now
+    if st.hook is not None:
+        st.hook.exit()
+    route = st.route
+    if not st.open and route is not None:
+        for kind, spent in st.spent.items():
             series(STAGE, route.name, route.profile, kind).observe(spent)
 
 
@@ -131,7 +140,7 @@ def timed(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)
         def timed_fn(*args: P.args, **kwargs: P.kwargs) -> R:
-            if not _open:  # outside any pipeline stage (the client, tests): nothing to record
+            if not stages.open:  # outside any pipeline stage (the client, tests): nothing to record
                 return fn(*args, **kwargs)
             _enter(name, None)
             try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 from cryptography import x509
 
-from filters.engine import faults, metrics
+from filters.engine import faults, metrics, turn
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
 from filters.engine.profiles import Stores, trust_store
 from filters.engine.requester import Pending, Requester, RequesterError, RequesterKeys, RequesterSettings
@@ -118,7 +118,8 @@ class OutboundPipeline(RoutePipeline):
             return live
         deadline = time.monotonic() + ISSUE_WAIT_S
         while time.monotonic() < deadline:
-            time.sleep(0.02)
+            with turn.released():  # the Issue may be this worker's, waiting on the STS without the turn
+                time.sleep(0.02)
             ctx = self.contexts.get()
             if ctx is not None and ctx.expires > datetime.now(UTC):
                 return ctx

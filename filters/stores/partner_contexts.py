@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 import requests
 
+from filters.engine import turn
 from filters.engine.profiles import Post
 from filters.engine.wss.secure_conversation import Context
 from filters.stores.contexts import _pack, _redis_client, _redis_errors, _ttl_ms, _unpack
@@ -24,6 +25,7 @@ STS_TIMEOUT_S = 2.0
 class MemoryPartnerContexts:
     def __init__(self) -> None:
         self._ctx: Context | None = None
+        self._issuing = False  # another exchange of this worker waits on the STS (it gave up the engine's turn)
 
     def get(self) -> Context | None:
         return self._ctx
@@ -32,10 +34,13 @@ class MemoryPartnerContexts:
         self._ctx = ctx
 
     def lock(self, ttl_s: float) -> bool:
-        return True  # one worker: nobody else issues
+        if self._issuing:
+            return False
+        self._issuing = True
+        return True
 
     def unlock(self) -> None:
-        pass
+        self._issuing = False
 
     def take(self) -> Context | None:
         ctx, self._ctx = self._ctx, None
@@ -98,8 +103,9 @@ def sts_post(route: Route) -> Post:
 
     def post(body: bytes, content_type: str) -> bytes:
         try:
-            reply = session.post(url, data=body, headers={"content-type": content_type}, timeout=timeout,
-                                 verify=verify, cert=cert)  # fmt: skip
+            with turn.released():  # the worker's other exchanges go on while the partner answers
+                reply = session.post(url, data=body, headers={"content-type": content_type}, timeout=timeout,
+                                     verify=verify, cert=cert)  # fmt: skip
         except requests.RequestException as exc:
             raise OSError(f"partner STS {url} unreachable: {type(exc).__name__}") from None
         return reply.content

@@ -8,8 +8,9 @@ nextUpdate, not one per message; a revoked answer is cached too, and a failed lo
 responder does not make every message wait out the timeout). When no source can tell, the policy decides:
 refuse (the default) or accept with a warning in the log.
 
-The engine is synchronous: an OCSP lookup on a cache miss holds the worker for at most `timeout_s`; answers
-in use are fetched anew in the background before they expire."""
+An OCSP lookup on a cache miss holds its message for at most `timeout_s`, without the engine's turn (the
+worker's other exchanges go on: filters/engine/turn.py); answers in use are fetched anew in the background
+before they expire."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, paddin
 from cryptography.x509 import ocsp
 from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID
 
-from filters.engine import faults
+from filters.engine import faults, turn
 from gateway.policy import RevocationPolicy
 
 log = logging.getLogger("wsgate.revocation")
@@ -246,7 +247,7 @@ def _post(url: str, request: bytes, timeout_s: float) -> bytes:
         url, data=request, method="POST",
         headers={"Content-Type": "application/ocsp-request", "Accept": "application/ocsp-response"},
     )  # fmt: skip
-    with _opener.open(req, timeout=timeout_s) as resp:
+    with turn.released(), _opener.open(req, timeout=timeout_s) as resp:  # other exchanges go on meanwhile
         body = resp.read(MAX_OCSP_RESPONSE + 1)
     if len(body) > MAX_OCSP_RESPONSE:
         raise ValueError(f"answer over {MAX_OCSP_RESPONSE} bytes")

@@ -99,12 +99,12 @@ def test_the_workers_stage_spans_are_children_of_envoys_span(pki: Path) -> None:
     route = make_route(pki, "rsa", name="rsa")
     spans = tracer.start({"traceparent": SAMPLED}, "rsa", "rsa", "request")
     assert spans is not None
-    metrics.hook[0] = spans
+    metrics.stages.hook = spans
     try:
         with metrics.stage(route, "security_header"), metrics.stage(None, "signature_check"):
             pass
     finally:
-        metrics.hook[0] = None
+        metrics.stages.hook = None
     spans.finish("FailedCheck")
     by_name = {s.name: s for s in exported.get_finished_spans()}
     phase, header, check = by_name["wsgate.request"], by_name["security_header"], by_name["signature_check"]

@@ -1,9 +1,11 @@
 //! wsgate_frame: the ext_proc frame of a WSGate filter worker, a Python extension module.
 //!
 //! `serve` runs Envoy's `ExternalProcessor` gRPC service on a single-threaded tokio runtime driven on the calling
-//! (the worker's main) thread with the GIL released; it re-takes the GIL only to call the worker: once per body
-//! phase (`handle`, the one call into the engine), per refusal (`refused`, and `replay_refused` when the replay
-//! check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready and after each reload (`ready`).
+//! (the worker's main) thread with the GIL released. Once per body phase it hands the exchange to one of the
+//! engine's threads (threads.rs) for the one call into the engine (`handle`), and serves the other exchanges
+//! meanwhile; it re-takes the GIL itself only per refusal (`refused`, and `replay_refused` when the replay check
+//! the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready and after each reload
+//! (`ready`).
 //! SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
 //!
 //! The contract with the worker (filters/worker.py) is typed: the classes here (`Table` with its `Route`s and
@@ -19,6 +21,7 @@ mod counters;
 mod replay;
 mod service;
 mod table;
+mod threads;
 mod wire;
 
 use std::net::SocketAddr;
@@ -36,6 +39,7 @@ use answer::{Answer, Body};
 use replay::{ReplayCheck, ReplayOutcome, Stores};
 use service::{Frame, Shared, BUDGET};
 use table::{RenderedFault, Route, Table};
+use threads::EngineThreads;
 use wire::ExtProc;
 
 // Envoy may send a whole body in one message: allow it a large window rather than many round trips.
@@ -58,7 +62,9 @@ fn serve(
     let table = table.get().clone();
     BUDGET.set_limit(budget_bytes);
     let handle = worker.getattr(py, "handle")?;
-    let shared = Arc::new(Shared { table: Mutex::new(Arc::new(table)), worker, handle, replay: Stores::default() });
+    let engine = EngineThreads::start().map_err(|e| PyOSError::new_err(format!("engine threads: {e}")))?;
+    let replay = Stores::default();
+    let shared = Arc::new(Shared { table: Mutex::new(Arc::new(table)), worker, handle, replay, engine });
     let grace = Duration::from_secs_f64(grace_seconds);
     py.detach(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

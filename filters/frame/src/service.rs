@@ -1,7 +1,8 @@
 //! The ext_proc service: one gRPC stream per HTTP exchange (`Stream`). Header phases are answered here from the
 //! route table; each body phase is one call into the Python engine (`worker.handle`, which returns an `Answer`:
-//! answer.rs), made on this thread with the GIL re-taken for the call only. Bodies travel without copies (wire.rs):
-//! the engine reads the received bytes through a `Body` and answers with segments written straight to Envoy.
+//! answer.rs), made on one of the engine's threads (threads.rs) with the stream handed over for the call: this
+//! thread serves the other exchanges meanwhile. Bodies travel without copies (wire.rs): the engine reads the
+//! received bytes through a `Body` and answers with segments written straight to Envoy.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,7 @@ use crate::budget::{Budget, Ticket};
 use crate::counters::{self, Outcome, Phase};
 use crate::replay::{Epoch, ReplayCheck, ReplayOutcome, Stores};
 use crate::table::{Refusal, Route, Table};
+use crate::threads::EngineThreads;
 use crate::wire::{In, Incoming, Outgoing};
 
 /// The gRPC metadata naming the route (gateway/control/envoy_config.py sets it per route).
@@ -40,6 +42,7 @@ pub struct Shared {
     pub worker: Py<PyAny>,
     pub handle: Py<PyAny>, // worker.handle, looked up once
     pub replay: Stores,
+    pub engine: EngineThreads,
 }
 
 impl Shared {
@@ -72,6 +75,12 @@ impl Frame {
                 // it releases its body reservation.
                 let msg = inbound.message().await.ok()??;
                 let mut step = stream.on_message(msg);
+                if let Step::Engine(phase, body) = step {
+                    match stream.engine(phase, body).await {
+                        Ok(called) => (stream, step) = called,
+                        Err(fault) => return Some((Ok(fault), None)),
+                    }
+                }
                 // Awaited here, off the Python thread: other exchanges go on while Redis answers.
                 while let Step::Check(check) = step {
                     step = stream.settle(*check).await;
@@ -79,7 +88,7 @@ impl Frame {
                 match step {
                     Step::Reply(resp) => return Some((Ok(resp), Some((inbound, stream)))),
                     Step::Last(resp) => return Some((Ok(resp), None)),
-                    Step::Nothing | Step::Check(_) => continue,
+                    Step::Nothing | Step::Check(_) | Step::Engine(..) => continue,
                 }
             }
         });
@@ -91,7 +100,8 @@ enum Step {
     Reply(Outgoing),
     Last(Outgoing), // an immediate response: the exchange ends here
     Nothing,
-    Check(Box<Check>), // the engine's verdict, once its replay keys are set (replay.rs)
+    Check(Box<Check>),    // the engine's verdict, once its replay keys are set (replay.rs)
+    Engine(Phase, Bytes), // a body for the engine, its budget reserved
 }
 
 struct Check {
@@ -189,19 +199,35 @@ impl Stream {
         Ok(Out::ResponseHeaders(HeadersResponse::default()))
     }
 
-    /// A body phase: reserve the body in the budget, then hand it to the engine.
+    /// A body phase: reserve the body in the budget, then it goes to the engine (`engine`).
     fn body(&mut self, phase: Phase, body: Bytes) -> Step {
-        let request = matches!(phase, Phase::RequestBody);
-        let metric_phase = if request { "request" } else { "response" };
         if let Err(detail) = self.ticket.take(body.len() as u64) {
+            let metric_phase = if matches!(phase, Phase::RequestBody) { "request" } else { "response" };
             return self.refuse(Refusal::Busy, phase, metric_phase, detail);
         }
-        let called = Python::attach(|py| self.call_engine(py, metric_phase, body));
-        let (reply, replay) = match called {
+        Step::Engine(phase, body)
+    }
+
+    /// The body phase on an engine thread, the stream going with the call and coming back with its step; the
+    /// generic fault if no engine thread is left (the frame is stopping).
+    async fn engine(mut self, phase: Phase, body: Bytes) -> Result<(Self, Step), Outgoing> {
+        let shared = self.shared.clone();
+        let (table, soap12) = (self.table.clone(), self.soap12);
+        let called = shared.engine.run(move |py| {
+            let step = self.answer(py, phase, body);
+            (self, step)
+        });
+        called.await.ok_or_else(|| internal_fault(&table, soap12))
+    }
+
+    fn answer(&mut self, py: Python<'_>, phase: Phase, body: Bytes) -> Step {
+        let request = matches!(phase, Phase::RequestBody);
+        let metric_phase = if request { "request" } else { "response" };
+        let (reply, replay) = match self.call_engine(py, metric_phase, body) {
             Ok(answer) => answer,
             Err(()) => {
                 counters::phase(phase, Outcome::Error);
-                return self.internal_fault();
+                return Step::Last(internal_fault(&self.table, self.soap12));
             }
         };
         counters::phase(phase, Outcome::Engine);
@@ -209,12 +235,6 @@ impl Stream {
             Some(replay) => Step::Check(Box::new(Check { request, replay, reply })),
             None => answer_with(request, reply),
         }
-    }
-
-    fn internal_fault(&self) -> Step {
-        let fault = self.table.fault(Refusal::Internal);
-        let (ct, body) = &fault.bodies[self.soap12 as usize];
-        Step::Last(immediate(fault.status, vec![header("content-type", ct)], body.clone()))
     }
 
     /// Set the replay keys of an accepted message, then answer as the engine said; a key already set or a Redis
@@ -239,7 +259,7 @@ impl Stream {
                 Step::Last(immediate(status, headers, body.unwrap_or_default().concat()))
             }
             // A refusal that would pass the message on is none: fail closed.
-            Ok(Reply { status: None, .. }) | Err(()) => self.internal_fault(),
+            Ok(Reply { status: None, .. }) | Err(()) => Step::Last(internal_fault(&self.table, self.soap12)),
         }
     }
 
@@ -302,6 +322,12 @@ impl Drop for Stream {
     fn drop(&mut self) {
         counters::STREAMS_ACTIVE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+fn internal_fault(table: &Table, soap12: bool) -> Outgoing {
+    let fault = table.fault(Refusal::Internal);
+    let (ct, body) = &fault.bodies[soap12 as usize];
+    immediate(fault.status, vec![header("content-type", ct)], body.clone())
 }
 
 /// The engine's answer as Envoy gets it: passed on with the (new) body, or an answer to the client.
