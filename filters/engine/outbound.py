@@ -23,7 +23,7 @@ from cryptography import x509
 from filters.engine import faults, metrics, turn
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline, forward
 from filters.engine.profiles import Stores, trust_store
-from filters.engine.requester import Pending, Requester, RequesterError, RequesterKeys, RequesterSettings
+from filters.engine.requester import Pending, ReplyRefused, Requester, RequesterError, RequesterKeys, RequesterSettings
 from filters.engine.wss import keys, token
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss.optimizations import Optimizations
@@ -109,6 +109,9 @@ class OutboundPipeline(RoutePipeline):
             except (RequesterError, faults.Fault, OSError) as exc:
                 if live is not None:  # renewal failed: the current one still serves, the next call tries again
                     return live
+                if isinstance(exc, ReplyRefused):  # the STS answered, and its answer did not verify: the partner's
+                    metrics.series(metrics.PARTNER_REPLIES, self.route.name, "refused").inc()
+                    raise partner_refused(f"partner STS answer: {exc}") from None
                 raise faults.server(f"partner context not issued: {exc}") from None
             finally:
                 self.contexts.unlock()

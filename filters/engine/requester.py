@@ -38,6 +38,10 @@ class RequesterError(Exception):
     """The reply was a SOAP fault, or did not verify (or the request could not be secured)."""
 
 
+class ReplyRefused(RequesterError):
+    """The other side's reply, not ours: not SOAP, a SOAP fault, did not verify, or an RSTR that issues nothing."""
+
+
 @dataclass
 class RequesterSettings:
     """How the requester secures, beyond the route: its credentials other than keys."""
@@ -272,7 +276,10 @@ class Requester:
         finally:
             self.cfg.encrypt = saved
         reply = self.open(post(secured, content_type(soap_version)), pending)
-        issued = ws_trust.read_rstr(reply.body[0], entropy=entropy, private_key=self.private_key)
+        try:
+            issued = ws_trust.read_rstr(reply.body[0], entropy=entropy, private_key=self.private_key)
+        except faults.Fault as f:
+            raise ReplyRefused(f"RSTR refused: {f.reason}") from None
         self.context = issued.context
         return issued.context
 
@@ -322,10 +329,10 @@ class Requester:
         try:
             env = parse_envelope(body, self.route.response_limits)
         except faults.Fault as f:
-            raise RequesterError(f"reply is not SOAP: {f.reason}") from None
+            raise ReplyRefused(f"reply is not SOAP: {f.reason}") from None
         security = wssecurity.find_security(env)
         if env.is_fault() and security is None:
-            raise RequesterError(f"SOAP fault: {fault_text(env)}")
+            raise ReplyRefused(f"SOAP fault: {fault_text(env)}")
         creds = wssecurity.Credentials(
             trust=self.trust,
             decryption_key=self.decryption_key,
@@ -348,14 +355,14 @@ class Requester:
             if isinstance(self.replay, DeferredReplay):  # replies are rare enough to settle here, synchronously
                 self.replay.settle(verified.replay_keys, verified.replay_since_ms)
         except faults.Fault as f:
-            raise RequesterError(f"reply refused ({f.code or 'Client'}): {f.reason}") from None
+            raise ReplyRefused(f"reply refused ({f.code or 'Client'}): {f.reason}") from None
         return env, verified
 
     def open(self, body: bytes, pending: Pending, parts: Sequence[mime.Part] = ()) -> Envelope:
         """Verify and decrypt a reply (see `verify`); a verified SOAP fault raises RequesterError too."""
         env = self.verify(body, pending, parts)[0]
         if env.is_fault():
-            raise RequesterError(f"SOAP fault: {fault_text(env)}")
+            raise ReplyRefused(f"SOAP fault: {fault_text(env)}")
         return env
 
 
