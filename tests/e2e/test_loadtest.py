@@ -73,8 +73,9 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     assert len(re.findall(r"\n(signed|signed\+encrypted) +(100 KB|10 MB) +[\d.]+ ms +[\d.]+ MB/s", swa[0])) == 4, swa
     # And through the gateway, beside them: every row's replies verified, in process and floor figures printed.
     found = re.findall(
-        r"\n(signed|signed\+encrypted) +(100 KB|10 MB) +(\d+) +(\d+)/(\d+) +[\d.,]+ ms .* [\d.,]+ ms +-?[\d.]+x\n",
+        r"^(signed|signed\+encrypted) +(100 KB|10 MB) +(\d+) +(\d+)/(\d+) +[\d.,]+ ms .* [\d.,]+ ms +-?[\d.]+x$",
         swa[1],
+        re.MULTILINE,
     )
     assert len(found) == 4 and all(
         int(n) + attachment_gateway.WARM_UP == int(ok) == int(sent) for *_, n, ok, sent in found
