@@ -16,17 +16,14 @@ AES-256-GCM too). `x floor` = the share / the floor; the target (issue 21) is at
 Every reply is checked as it arrives (this process's CPU is not counted): HTTP 200, the gateway's signature verified (and the reply decrypted) over
 the envelope and the attachment, the echoed texts and the attachment's bytes as sent.
 
-Alone (its own gateway on loadtest/policies, then the in-process rows; writes loadtest/out/attachments.csv):
-`python -m loadtest.attachment_gateway [--scale 0.1]`."""
+Part of `make bench` (loadtest/bench.py imports this module, so it has no command of its own). With little else:
+`make bench BENCH_ARGS="--profiles rsa --sizes small --duration 1 --paced-duration 1"`."""
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import os
-import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,12 +32,11 @@ from typing import TextIO
 
 import requests
 
-from certs import pki
 from filters.engine import faults
 from filters.engine.wss import attachments, wssecurity
 from filters.engine.xml.threat_protection import parse_envelope
-from gateway.control.supervisor import Gateway, default_workers
-from gateway.policy import PolicySet, Route, load_dir
+from gateway.control.supervisor import Gateway
+from gateway.policy import PolicySet, Route
 from gateway.tools.client import Client, ClientConfig, ClientError, unpack
 from loadtest import attachment_cpu
 from loadtest.attachment_cpu import COUNTS, ROWS, SIZES, Floors, measure_floors, request
@@ -240,22 +236,3 @@ def report_all(rows: Sequence[Row], policies: PolicySet, certs: Path, scale: flo
     report(rows, in_process, floors, out)
     write_csv(rows, in_process, floors, path)
     return path
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, bench_gateway  # bench imports this module
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply the request counts")
-    ap.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
-    args = ap.parse_args(argv)
-    certs = pki.init(args.certs).resolve()
-    with tempfile.TemporaryDirectory() as tmp:
-        with bench_gateway(DEFAULT_POLICIES, certs, Path(tmp), default_workers()) as gw:
-            policies = load_dir(DEFAULT_POLICIES)  # its placeholders filled by bench_gateway
-            rows = run(gw, policies, certs, args.scale)
-    print(f"Wrote {report_all(rows, policies, certs, args.scale, sys.stdout, DEFAULT_OUT / 'attachments.csv')}")
-
-
-if __name__ == "__main__":
-    main()
