@@ -18,7 +18,8 @@ per profile, replay detection on every secured route), then for each profile and
 
 Prints the results normalized to `none` (Sosnoski's Figure 1: time and gateway CPU per request), the stage
 breakdown, the targets, and the engine's CPU per exchange in process beside Apache WSS4J's (loadtest/engine_cpu.py,
-the gateway down by then), and the SwA attachment rows beside OpenSSL's floor (loadtest/attachment_cpu.py); writes loadtest/out/bench.csv and loadtest/out/bench.png. `run_bench()` is the same
+the gateway down by then), and the SwA attachment rows beside OpenSSL's floor, in process and through the gateway
+(loadtest/attachment_gateway.py); writes loadtest/out/bench.csv, attachments.csv and bench.png. `run_bench()` is the same
 machinery with every knob, for tests (a one-second smoke run) and for people.
 
     .venv/bin/python -m loadtest.bench [--profiles xml,hmac] [--sizes small] [--duration 10] ..."""
@@ -50,7 +51,7 @@ from certs import hsm, pki
 from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway, Options, default_workers, free_ports
 from gateway.policy import PolicySet, load_dir
-from loadtest import attachment_cpu, engine_cpu, outbound, targets, variants
+from loadtest import attachment_gateway, engine_cpu, outbound, targets, variants
 from loadtest.archive import with_archive
 from loadtest.messages import (
     ENCRYPTED_KEY,
@@ -927,7 +928,8 @@ def run_bench(
 ) -> list[Point]:
     """Measure every (profile, size) on a gateway of its own; print the report, write bench.csv (and bench.png).
     Then, the gateway down, the engine's CPU per exchange in process beside WSS4J's (loadtest/engine_cpu.py;
-    `engine_scale` multiplies its exchange counts, 0 skips it), and the attachment rows (loadtest/attachment_cpu.py)."""
+    `engine_scale` multiplies its exchange counts, 0 skips it), and the attachment rows (loadtest/attachment_gateway.py:
+    those through the gateway measured before it goes down, the same scale)."""
     profiles, sizes = list(profiles), list(sizes)
     for p in profiles:
         if p not in BENCH_PROFILES:
@@ -943,6 +945,8 @@ def run_bench(
     if any(p in outbound.PROFILES for p in profiles):
         policies = outbound.policy_dir(policies, out / "policies-outbound")
     workers = workers or default_workers()
+    inbound = [p for p in profiles if p in PROFILES]  # the engine's in-process measure has no outbound rows
+    engine_rows = engine_scale > 0 and engine_cpu.secured(inbound)
     started = time.monotonic()
     points: list[Point] = []
     print(
@@ -981,16 +985,17 @@ def run_bench(
                         file=log,
                         flush=True,
                     )
+        swa = attachment_gateway.run(gw, policy_set, certs, engine_scale) if engine_rows else []
         shutil.rmtree(out / "bodies", ignore_errors=True)
     report(points, targets.measure_floors(sizes), log)
-    inbound = [p for p in profiles if p in PROFILES]  # the engine's in-process measure has no outbound rows
-    if engine_scale > 0 and engine_cpu.secured(inbound):
+    written = [out / "bench.csv"]
+    if engine_rows:
         with _env(WSGATE_BENCH_CERTS=str(certs)):
             policy_set = load_dir(policies)
         engine_cpu.report(engine_cpu.run(inbound, sizes, policy_set, certs, engine_scale), log)
-        attachment_cpu.report(attachment_cpu.run(policy_set, certs, engine_scale), log, engine_scale)
+        swa_csv = out / "attachments.csv"
+        written.append(attachment_gateway.report_all(swa, policy_set, certs, engine_scale, log, swa_csv))
     write_csv(points, out / "bench.csv")
-    written = [out / "bench.csv"]
     if chart:
         write_chart(points, out / "bench.png")
         written.append(out / "bench.png")

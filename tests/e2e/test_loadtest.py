@@ -5,7 +5,8 @@
 - loadtest/locustfile.py: every user class, run headless against a real gateway, has its messages accepted and
   its replies verified; the message factory's check refuses a replay and a wrong reply;
 - loadtest/optimizations.py: a tiny run prints every row, with the hit rates the traffic implies;
-- loadtest/engine_cpu.py: a tiny run gives every secured profile its row beside WSS4J's, measured in the same run."""
+- loadtest/engine_cpu.py: a tiny run gives every secured profile its row beside WSS4J's, measured in the same run;
+- loadtest/attachment_gateway.py: a tiny run sends SwA requests through the gateway, every reply verified."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import pytest
 import requests
 import yaml
 
-from loadtest import bench, engine_cpu, large, optimizations
+from gateway.tools.client import Client, ClientConfig
+from loadtest import attachment_cpu, attachment_gateway, bench, engine_cpu, large, optimizations
 from loadtest.messages import PROFILES, CheckFailed, Factory
 from tests.support.harness import GatewayFactory, LiveGateway
 
@@ -67,8 +69,19 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     assert "Gateway CPU per request at saturation, us: Envoy + filter workers = total (relative to none)" in text
     assert re.search(r"\nhmac\s+[\d,]+ vs [\d,]+ \([\d.]+x\)", text.split("The engine's CPU per exchange")[1]), text
     # The SwA rows (loadtest/attachment_cpu.py): each kind and attachment size, beside OpenSSL's floor.
-    swa = text.split("Attachments (SwA profile)")[1]
-    assert len(re.findall(r"\n(signed|signed\+encrypted) +(100 KB|10 MB) +[\d.]+ ms +[\d.]+ MB/s", swa)) == 4, swa
+    swa = text.split("Attachments (SwA profile), in process")[1].split("Attachments (SwA profile) through")
+    assert len(re.findall(r"\n(signed|signed\+encrypted) +(100 KB|10 MB) +[\d.]+ ms +[\d.]+ MB/s", swa[0])) == 4, swa
+    # And through the gateway, beside them: every row's replies verified, in process and floor figures printed.
+    found = re.findall(
+        r"^(signed|signed\+encrypted) +(100 KB|10 MB) +(\d+) +(\d+)/(\d+) +[\d.,]+ ms .* [\d.,]+ ms +-?[\d.]+x$",
+        swa[1],
+        re.MULTILINE,
+    )
+    assert len(found) == 4 and all(
+        int(n) + attachment_gateway.WARM_UP == int(ok) == int(sent) for *_, n, ok, sent in found
+    ), swa[1]
+    swa_rows = list(csv.DictReader((tmp_path / "out" / "attachments.csv").open()))
+    assert [r["attachment"] for r in swa_rows] == ["none", "100 KB", "10 MB"] * 2
     rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
     assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
     assert float(rows[0]["rps"]) > 0 and float(rows[0]["gateway_cpu_us"]) > 0
@@ -297,3 +310,39 @@ def test_bench_outbound_rows_smoke(tmp_path: Path, pki: Path) -> None:
     assert re.search(r"\n  outbound-hmac-encrypted +1 KB +[\d,]+ +not measured +-\n", text), text
     assert re.search(r"target \(issue 24\): outbound-sc <= outbound-hmac-encrypted, 1 KB .*x: (met|MISSED)", text), text
     assert re.search(r"target \(issue 24\): outbound-sc <= outbound-hmac, 1 KB .*x: (met|MISSED)", text), text
+
+
+def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -> None:
+    """loadtest/attachment_gateway.py on the bench routes, 100 KB only, a few requests: each reply is the gateway's
+    verified echo (the envelope's texts, the attachment signed, decrypted where encrypted, as sent), the rows are
+    printed beside the floor measured here. The check refuses a reply whose attachment changed. A smoke run, never
+    a measure."""
+    policies = optimizations.bench_policies(pki)
+    rows = attachment_gateway.run(gw.gw, policies, pki, scale=0.1, sizes=["100 KB"])
+    assert [(r.kind, r.size) for r in rows] == [(k, s) for k in attachment_cpu.ROWS for s in ("none", "100 KB")]
+    for r in rows:
+        assert r.requests == 6 and r.verified == 6 + attachment_gateway.WARM_UP and not r.failures, r.failures
+    assert all(r.cpu_us["envoy"] > 0 and r.cpu_us["filter"] > 0 for r in rows)  # read from /proc, per thread
+    out = io.StringIO()
+    attachment_gateway.report(rows, [], attachment_cpu.measure_floors(0.01), out)
+    text = out.getvalue()
+    assert "Attachments (SwA profile) through the gateway" in text, text
+    for kind in attachment_cpu.ROWS:
+        assert re.search(rf"\n{re.escape(kind)} +none +6 +8/8 +[\d.]+ ms +[\d.]+ ms\n", text), text
+        assert re.search(rf"\n{re.escape(kind)} +100 KB +6 +8/8 +[\d.]+ ms .* - +[\d.]+ ms +-?[\d.]+x\n", text), text
+
+    route = policies.route("swa-signed")
+    data = os.urandom(100 * 1024)
+    content_type, body = attachment_cpu.request(route, pki, data, False, "tampered")
+    r = requests.post(f"http://127.0.0.1:{gw.opts.http_port}/swa-signed/demo", data=body,
+                      headers={"content-type": content_type}, timeout=30)  # fmt: skip
+    reply_type = r.headers["content-type"]
+    client = Client(route, ClientConfig(certs=pki))
+    attachment_gateway.check(client, r.status_code, reply_type, r.content, "tampered", data)
+    changed = bytes([data[0] ^ 1]) + data[1:]
+    with pytest.raises(CheckFailed, match="reply refused"):
+        attachment_gateway.check(
+            client, r.status_code, reply_type, r.content.replace(data, changed), "tampered", changed
+        )
+    with pytest.raises(CheckFailed, match="changed"):
+        attachment_gateway.check(client, r.status_code, reply_type, r.content, "tampered", changed)

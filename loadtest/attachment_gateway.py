@@ -1,0 +1,238 @@
+"""`make bench`'s attachment rows through the running gateway: the rows of loadtest/attachment_cpu.py (a 1 KB
+envelope with a 100 KB or 10 MB attachment, signed; signed and encrypted), sent to the gateway as a client sends
+them (real Envoy, filter workers and Redis; the demo backend echoes the package, whose reply the gateway signs and
+encrypts in turn), each request once (the replay store sees distinct traffic), one at a time.
+
+The gateway's CPU per request: the on-CPU time of Envoy, the filter workers and Redis from /proc around the run
+(every thread's schedstat, in ns), divided by the requests (the processes of loadtest/bench.py's rows, whose
+utime+stime in 10 ms ticks is too coarse here; the backend and this process are not counted). MB/s per core:
+the attachment's bytes over that CPU. The attachment's share: the CPU per request minus that of the same route's
+baseline row, the same 1 KB envelope secured the same way with no attachment (plain SOAP: so the share also holds
+the MIME parsing and writing, and the attachment's signature reference), measured in the same run. The floor: the
+OpenSSL cost of the bytes one exchange must process, both ways (the request's attachment verified, the reply's
+signed: twice the attachment through SHA-256; encrypted rows also decrypt and encrypt it once each: twice through
+AES-256-GCM too). `x floor` = the share / the floor; the target (issue 21) is at most 2x.
+
+Every reply is checked as it arrives (this process's CPU is not counted): HTTP 200, the gateway's signature verified (and the reply decrypted) over
+the envelope and the attachment, the echoed texts and the attachment's bytes as sent.
+
+Part of `make bench` (loadtest/bench.py imports this module, so it has no command of its own). With little else:
+`make bench BENCH_ARGS="--profiles rsa --sizes small --duration 1 --paced-duration 1"`."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+import requests
+
+from filters.engine import faults
+from filters.engine.wss import attachments, wssecurity
+from filters.engine.xml.threat_protection import parse_envelope
+from gateway.control.supervisor import Gateway
+from gateway.policy import PolicySet, Route
+from gateway.tools.client import Client, ClientConfig, ClientError, unpack
+from loadtest import attachment_cpu
+from loadtest.attachment_cpu import COUNTS, ROWS, SIZES, Floors, measure_floors, request
+from loadtest.attachment_cpu import Row as InProcessRow
+from loadtest.messages import CheckFailed, check_operation, plain_request
+
+BASELINE = "none"  # the size of the baseline rows: the envelope alone
+WARM_UP = 2  # requests per row before the measure, not counted: keys parsed, code paths taken first
+ROLES = ("envoy", "filter", "redis")  # the gateway's processes; the backend is not counted
+
+
+@dataclass
+class Row:
+    kind: str  # a key of ROWS
+    size: str  # a key of SIZES, or BASELINE
+    requests: int
+    cpu_us: dict[str, float]  # per request, by role (ROLES)
+    verified: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def total_us(self) -> float:
+        return sum(self.cpu_us.values())
+
+
+@dataclass
+class Derived:
+    """A row beside its baseline, the in-process figure and the floor (what the report and the CSV print)."""
+
+    row: Row
+    share_us: float  # the attachment's share of the CPU per request
+    mbps: float  # the attachment's bytes / the CPU per request
+    in_process_us: float  # attachment_cpu's request + reply for the same row
+    floor_us: float  # OpenSSL's cost of the bytes the exchange processes, both ways
+
+    @property
+    def ratio(self) -> float:
+        return self.share_us / self.floor_us
+
+
+def check(client: Client, status: int, content_type: str, body: bytes, tag: str, data: bytes | None) -> None:
+    """Raise CheckFailed unless `body` is the gateway's verified echo of the request: the envelope's texts, and
+    the attachment signed (with its headers), decrypted where the route encrypts, byte for byte as sent."""
+    if status != 200:
+        raise CheckFailed(f"HTTP {status}: {body[:300]!r}")
+    route = client.route
+    try:
+        root, parts = unpack(content_type, body, route)
+        env = parse_envelope(root, route.response_limits)
+        found = attachments.from_parts(parts)
+        creds = wssecurity.Credentials(trust=client.trust, decryption_key=client.decryption_key)
+        wssecurity.process(env, client.reply_requirements, creds, datetime.now(UTC), found)
+    except ClientError as exc:
+        raise CheckFailed(str(exc)) from None
+    except faults.Fault as f:
+        raise CheckFailed(f"reply refused: {f.reason}") from None
+    check_operation(next((c for c in env.body if isinstance(c.tag, str)), None), plain_request("small", tag)[1])
+    if data is None:
+        if len(found):
+            raise CheckFailed(f"{len(found)} attachments back for none sent")
+        return
+    encrypted = route.attachment_security.encrypt_response
+    if len(found) != 1 or (part := found.parts[0]).signed != "complete" or part.decrypted != encrypted:
+        raise CheckFailed(f"the reply's attachments are not as the route secures them: {list(found)!r:.300}")
+    if bytes(part.body) != data:
+        raise CheckFailed("the attachment came back changed")
+
+
+def _cpu_s(pid: int) -> float:
+    """On-CPU seconds of the process's threads (/proc/<pid>/task/*/schedstat, in ns: /proc/<pid>/stat counts in
+    ticks of 10 ms, too coarse for a 100 KB attachment's share of a request). A thread that ended takes its time
+    with it: the gateway's threads live as long as their process."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended just now
+    return total / 1e9
+
+
+def gateway_cpu(gw: Gateway) -> dict[str, float]:
+    """On-CPU seconds so far of the gateway's processes, by role (ROLES)."""
+    pids = {"envoy": [gw.envoy], "filter": gw.workers, "redis": [gw.redis]}
+    return {role: sum(_cpu_s(p.pid) for p in procs if p is not None) for role, procs in pids.items()}
+
+
+def measure(gw: Gateway, route: Route, certs: Path, kind: str, size: str, count: int) -> Row:
+    """`count` requests of the row, after WARM_UP more, sent one at a time, each reply checked on arrival (this
+    process's CPU is not the gateway's)."""
+    data = os.urandom(SIZES[size]) if size != BASELINE else None
+    tags = [f"swa-{kind}-{size}-{i}".replace(" ", "") for i in range(WARM_UP + count)]
+    bodies = [request(route, certs, data, kind != "signed", tag) for tag in tags]
+    url = f"http://127.0.0.1:{gw.opts.http_port}{route.match.path_prefix}demo"
+    client = Client(route, ClientConfig(certs=certs))
+    row = Row(kind, size, count, {})
+    before: dict[str, float] = {}
+    with requests.Session() as session:
+        for i, (tag, (content_type, body)) in enumerate(zip(tags, bodies, strict=True)):
+            if i == WARM_UP:
+                before = gateway_cpu(gw)
+            r = session.post(url, data=body, headers={"content-type": content_type}, timeout=300)
+            try:
+                check(client, r.status_code, r.headers.get("content-type", ""), r.content, tag, data)
+                row.verified += 1
+            except CheckFailed as exc:
+                row.failures.append(f"{tag}: {exc}")
+        after = gateway_cpu(gw)
+    row.cpu_us = {role: (after[role] - before[role]) / count * 1e6 for role in ROLES}
+    return row
+
+
+def run(
+    gw: Gateway, policies: PolicySet, certs: Path, scale: float = 1.0, sizes: Sequence[str] = tuple(SIZES)
+) -> list[Row]:
+    """Each kind: its baseline (as many requests as the smallest size's row), then each size."""
+    counts = {s: max(2, round(COUNTS[s] * scale)) for s in sizes}
+    counts = {BASELINE: counts[min(sizes, key=SIZES.__getitem__)], **counts}
+    return [measure(gw, policies.route(ROWS[k]), certs, k, s, n) for k in ROWS for s, n in counts.items()]
+
+
+def derive(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floors) -> list[Derived]:
+    base = {r.kind: r.total_us for r in rows if r.size == BASELINE}
+    local = {(r.kind, r.size): r.request_us + r.reply_us for r in in_process}
+    out = []
+    for r in rows:
+        if r.size == BASELINE:
+            continue
+        nbytes = SIZES[r.size]
+        share = r.total_us - base.get(r.kind, math.nan)
+        floor_us = 2 * nbytes / floors.mbps(r.kind)  # MB/s = bytes per us
+        mbps = nbytes / r.total_us if r.total_us > 0 else math.nan
+        out.append(Derived(r, share, mbps, local.get((r.kind, r.size), math.nan), floor_us))
+    return out
+
+
+def _ms(us: float) -> str:
+    return "-" if math.isnan(us) else f"{us / 1000:,.2f} ms"
+
+
+def report(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floors, out: TextIO) -> None:
+    print(
+        "\nAttachments (SwA profile) through the gateway: each request once, one at a time; the gateway's CPU per "
+        "request (Envoy + filter workers + Redis, /proc), the attachment's share (minus the same route's 1 KB "
+        f"envelope alone), beside the engine in process and OpenSSL's floor ({floors.text()})",
+        file=out,
+    )
+    head = ["row", "attachment", "requests", "verified", "CPU/request", "of it Envoy", "attachment's share",
+            "MB/s per core", "in process", "floor", "x floor"]  # fmt: skip
+    lines = [head]
+    derived = {(d.row.kind, d.row.size): d for d in derive(rows, in_process, floors)}
+    for r in rows:
+        cells = [r.kind, r.size, str(r.requests), f"{r.verified}/{r.requests + WARM_UP}", _ms(r.total_us),
+                 _ms(r.cpu_us["envoy"])]  # fmt: skip
+        if d := derived.get((r.kind, r.size)):
+            cells += [_ms(d.share_us), f"{d.mbps:,.1f}", _ms(d.in_process_us), _ms(d.floor_us), f"{d.ratio:.1f}x"]
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines if i < len(line)) for i in range(len(head))]
+    for line in lines:
+        text = "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths[: len(line)], strict=True))
+        )
+        print(text, file=out)
+    print(
+        "(verified: the replies checked, warm-ups included. MB/s per core: the attachment's bytes / CPU per "
+        "request. in process: loadtest/attachment_cpu.py's request + reply. floor: OpenSSL's CPU for the bytes an "
+        "exchange processes, the attachment hashed both ways (and ciphered both ways when encrypted). x floor: the "
+        "share / the floor; the target is at most 2x)",
+        file=out,
+    )
+    for r in rows:
+        for failure in r.failures[:3]:
+            print(f"  {r.kind} {r.size}: reply failed its check: {failure}", file=out)
+    out.flush()
+
+
+def write_csv(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floors, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    derived = {(d.row.kind, d.row.size): d for d in derive(rows, in_process, floors)}
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kind", "attachment", "attachment_bytes", "requests", "verified", *(f"{r}_cpu_us" for r in ROLES),
+                    "cpu_us", "share_us", "mbps_per_core", "in_process_us", "floor_us", "floor_ratio"])  # fmt: skip
+        for r in rows:
+            d = derived.get((r.kind, r.size))
+            extra = [d.share_us, d.mbps, d.in_process_us, d.floor_us, d.ratio] if d else [""] * 5
+            w.writerow([r.kind, r.size, SIZES.get(r.size, 0), r.requests, r.verified,
+                        *(round(r.cpu_us[x], 1) for x in ROLES), round(r.total_us, 1),
+                        *(round(v, 3) if isinstance(v, float) else v for v in extra)])  # fmt: skip
+
+
+def report_all(rows: Sequence[Row], policies: PolicySet, certs: Path, scale: float, out: TextIO, path: Path) -> Path:
+    """`make bench`, the gateway down: the in-process rows (loadtest/attachment_cpu.py), these beside them, the
+    CSV written to `path`."""
+    floors, in_process = measure_floors(scale), attachment_cpu.run(policies, certs, scale)
+    attachment_cpu.report(in_process, out, floors)
+    report(rows, in_process, floors, out)
+    write_csv(rows, in_process, floors, path)
+    return path
