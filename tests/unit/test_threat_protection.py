@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
+from lxml import etree
 
-from filters.engine import faults
+from filters.engine import faults, ns
 from filters.engine.xml import threat_protection
+from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import parse_envelope
 from tests.support.harness import envelope
 
@@ -279,3 +281,20 @@ def test_namespace_heavy_bodies_are_parsed_whole_and_refused_as_the_incremental_
     if refused is not None:  # the same document refused; the whole parse names the scope (a flood on one element
         assert refused in expected and "namespace declarations in scope over 12" in got  # is in its scope)
     assert strategies == []  # without a Python event per element or declaration
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_header_and_body_are_the_envelopes_own_children_never_a_nested_or_foreign_copy(version: str) -> None:
+    """Envelope.header and .body look among the envelope's own children (xmlsupport.child), in its version's
+    namespace: a Header or Body nested in a header block, or in the other SOAP version's namespace, is never it."""
+    soap, other = (ns.SOAP11, ns.SOAP12) if version == "1.1" else (ns.SOAP12, ns.SOAP11)
+    root = etree.fromstring(
+        f'<s:Envelope xmlns:s="{soap}" xmlns:o="{other}"><!-- c --><o:Header/><o:Body/>'
+        "<s:Header><x:h xmlns:x='urn:x'><s:Header/><s:Body/></x:h></s:Header><s:Body><y/></s:Body></s:Envelope>"
+    )
+    env = Envelope(root=root, version=version)
+    assert env.header is root[3] and env.body is root[4]
+    del root[3]
+    assert env.header is None
+    made = env.ensure_header()
+    assert made is root[0] and made.tag == f"{{{soap}}}Header" and env.header is made
