@@ -93,10 +93,10 @@ FORBIDDEN = {
     _ds("HMACOutputLength"): "ds:HMACOutputLength (CVE-2009-0217)",
 }
 _LOCAL_REF = re.compile(r"#([^\W\d][\w.\-]*)")
-# Every attribute some processor may treat as an id, in any namespace (wsu:Id, Id, ID, id, xml:id).
-_ID_ATTRIBUTES = etree.XPath(
-    "//@*[local-name()='Id' or local-name()='ID' or local-name()='id' or local-name()='AssertionID']"
-)
+# Every attribute some processor may treat as an id, in any namespace (wsu:Id, Id, ID, id, xml:id, AssertionID).
+# One local-name() per attribute, matched as "|name|" in the list (no NCName holds "|"): a third cheaper than four
+# comparisons, on two whole-document walks per exchange.
+_ID_ATTRIBUTES = etree.XPath("//@*[contains('|Id|ID|id|AssertionID|', concat('|', local-name(), '|'))]")
 # A SAML assertion is named by its own id attribute (SAML Token Profile 1.1: a direct reference to it).
 SAML_ID_ATTRIBUTES = {ns.q(ns.SAML2, "Assertion"): "ID", ns.q(ns.SAML1, "Assertion"): "AssertionID"}
 
