@@ -3,13 +3,18 @@ timings. The frame's own counters and the body budget join them on the same endp
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ParamSpec, Protocol, TypeVar
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from gateway.policy import Route
 
@@ -46,7 +51,38 @@ PARTNER_CONTEXT_ISSUES = Counter(
     "Security contexts issued by partners' STS (outbound secureconversation)",
     ["route"],
 )
-STAGE = Histogram(
+
+
+class StageHistogram:
+    """`wsgate_stage_seconds`, a histogram kept in plain lists by the engine's one thread and read by the scrape
+    (prometheus_client's custom collector API). A prometheus_client Histogram takes two locks and a Python bucket
+    loop per observation: a dozen observations per hmac exchange cost about 4% of its CPU. One thread writes; the
+    scrape copies each series in one slice, so its counts and sum are always of the same observations."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, list(labelnames)
+        self.bounds = (*buckets, math.inf)
+        self._series: dict[tuple[str, ...], list[float]] = {}  # labels -> count per bucket (not cumulative), sum
+        REGISTRY.register(self)
+
+    def observe(self, labels: tuple[str, ...], seconds: float) -> None:
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = [0] * (len(self.bounds) + 1)
+        series[bisect.bisect_left(self.bounds, seconds)] += 1  # the first bucket whose bound is >= seconds
+        series[-1] += seconds
+
+    def collect(self) -> list[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, series in list(self._series.items()):
+            snapshot = series[:]
+            cumulative = itertools.accumulate(snapshot[:-1])
+            buckets = [(floatToGoString(b), c) for b, c in zip(self.bounds, cumulative, strict=True)]
+            family.add_metric(list(labels), buckets, snapshot[-1])
+        return [family]
+
+
+STAGE = StageHistogram(
     "wsgate_stage_seconds",
     "Time per processing stage",
     ["route", "profile", "stage"],
@@ -124,7 +160,7 @@ def _exit() -> None:
     route = st.route
     if not st.open and route is not None:
         for kind, spent in st.spent.items():
-            series(STAGE, route.name, route.profile, kind).observe(spent)
+            STAGE.observe((route.name, route.profile, kind), spent)
 
 
 @functools.cache

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from filters.engine import faults, metrics
 from gateway.policy import Route
@@ -44,6 +46,27 @@ def test_inner_stages_outside_a_pipeline_record_nothing() -> None:
 
     assert work() == 42  # the client and tests call the engine without a pipeline stage around it
     assert metrics.STAGE.collect()[0].samples == before
+
+
+def test_stage_histogram_exposes_exactly_what_a_prometheus_histogram_would() -> None:
+    """The stage histogram keeps its own buckets (no locks per observation): scraped, it must read as
+    prometheus_client's Histogram of the same observations, bounds included (a value on a bound is in it)."""
+    reference = CollectorRegistry()
+    bounds = metrics.STAGE.bounds[:-1]
+    hist = Histogram("wsgate_stage_seconds", "Time per processing stage", ["route", "profile", "stage"],
+                     buckets=bounds, registry=reference)  # fmt: skip
+    values = [*bounds, 0.0, 1e-7, 0.75, 3.0, *(random.uniform(0, 0.6) for _ in range(300))]
+    for stage in ("parse", "c14n"):
+        for v in values:
+            hist.labels("stage-histogram-test", "hmac", stage).observe(v)
+            metrics.STAGE.observe(("stage-histogram-test", "hmac", stage), v)
+
+    def exposed(text: bytes) -> list[str]:
+        return [line for line in text.decode().splitlines() if "stage-histogram-test" in line or "# " in line]
+
+    mine = [line for line in exposed(generate_latest()) if "wsgate_stage_seconds" in line]
+    assert mine == [line for line in exposed(generate_latest(reference)) if "_created" not in line]
+    assert any(line.endswith(f" {float(len(values))}") for line in mine)  # the +Inf bucket and the count
 
 
 @pytest.mark.parametrize(

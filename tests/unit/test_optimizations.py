@@ -181,6 +181,78 @@ def test_direct_digests_are_xmlsec_digests(pki: Path) -> None:
         assert c14n.digest(el, prefixes, "sha256") == value
 
 
+def _reference_c14n(el: etree._Element, prefixes: list[str]) -> bytes:
+    """The element's PrefixList C14N by libxml2 on a fresh parse of it (the parse interns every prefix it declares,
+    so lxml hands the whole list on): what xmlsec computes."""
+    alone = etree.fromstring(etree.tostring(el))
+    return etree.tostring(alone, method="c14n", exclusive=True, with_comments=False, inclusive_ns_prefixes=prefixes)
+
+
+def _api_built(fresh: str, apex: str, child: str = "<c/>") -> etree._Element:
+    """`apex` under an element that declares `fresh` through lxml's API, a prefix no parser has interned."""
+    outer = etree.Element("{urn:wsgate:outer}o", nsmap={fresh: "urn:wsgate:fresh", "o": "urn:wsgate:outer"})
+    outer.append(etree.fromstring(apex.replace("CHILD", child)))
+    return outer[0]
+
+
+def test_a_listed_prefix_lxml_drops_is_never_left_out_of_the_canonical_form() -> None:
+    """lxml hands libxml2 only PrefixList prefixes its dictionary holds: one declared through the API and never
+    parsed is dropped without a word. The in-place C14N (c14n._in_place) must see that in its output and give up,
+    and the canonical form must still declare the prefix, as xmlsec's does."""
+    fresh = fresh_prefix()
+    el = _api_built(fresh, '<a xmlns="urn:wsgate:a" x="1">CHILD</a>')
+    raw = etree.tostring(el, method="c14n", exclusive=True, with_comments=False, inclusive_ns_prefixes=[fresh])
+    assert f"xmlns:{fresh}=".encode() not in raw  # lxml dropped it: the case the proof is for
+    assert c14n._in_place(el, [fresh]) is None
+    expected = _reference_c14n(el, [fresh])
+    assert f'<a xmlns="urn:wsgate:a" xmlns:{fresh}="urn:wsgate:fresh"'.encode() in expected
+    assert c14n.canonical(el, [fresh]) == expected
+
+
+@pytest.mark.parametrize(
+    ("apex", "prefixes", "in_place"),
+    [
+        ('<p:a xmlns:p="urn:p" xmlns:q="urn:q" q:x="1">CHILD</p:a>', ["q", "o"], False),  # the apex uses q itself
+        ('<p:a xmlns:p="urn:p">CHILD</p:a>', ["p"], False),  # ... its own prefix
+        ('<a><b xmlns:z="urn:z"/></a>', ["z"], False),  # z declared below the apex only
+        ('<a xmlns:r="urn:r" xmlns:s="urn:s" xmlns:t="urn:t">CHILD</a>', ["r", "s", "t"], False),  # a long list
+        ('<a xmlns:h="urn:h" xmlns:q="urn:q">CHILD</a>', ["h", "q", "xml"], True),  # both rebound below, unused
+    ],
+)
+def test_in_place_c14n_gives_up_where_its_output_proves_nothing(apex: str, prefixes: list[str], in_place: bool) -> None:
+    """Where a listed prefix is used by the apex, declared only below it, or the list is long, the apex's
+    declarations cannot show whether lxml passed the list on: the marker or parse way decides. The canonical form
+    is xmlsec's either way, listed prefixes rebound below the apex (and not used there) included."""
+    el = _api_built("o", apex, child='<c xmlns:h="urn:other" xmlns:q="urn:q2"><d/></c>')
+    assert (c14n._in_place(el, prefixes) is not None) == in_place
+    assert c14n.canonical(el, prefixes) == _reference_c14n(el, prefixes)
+
+
+def test_in_place_c14n_of_a_parsed_timestamp_and_signed_info_is_the_marker_ways() -> None:
+    """The hot path: a parsed request's Timestamp ("soap wsse") and SignedInfo ("soap") take libxml2's PrefixList
+    C14N in place, byte for byte what the marker way and a fresh parse give."""
+    env = parse_envelope(etree.tostring(sign_awkward_env()), Limits())
+    security = wssecurity.find_security(env)
+    assert security is not None
+    ts, info = security[0], security.find(f"{{{DS}}}Signature/{{{DS}}}SignedInfo")
+    assert info is not None
+    for el, prefixes in ((ts, ["soap", "wsse"]), (info, ["soap"])):
+        got = c14n._in_place(el, prefixes)
+        assert got is not None and got == c14n._marked(el, c14n.received_form(el), prefixes)
+        assert got == _reference_c14n(el, prefixes)
+
+
+def sign_awkward_env() -> etree._Element:
+    """A request with a Timestamp and a signature, as our client lays them out (no key needed: HMAC)."""
+    env = awkward(fresh_prefix())
+    sending.secure(env, datetime(2030, 1, 1, tzinfo=UTC), timestamp_ttl_s=300, sign=None)
+    security = wssecurity.find_security(env)
+    assert security is not None
+    signature.Signer(b"k" * 32, "hmac-sha256", "sha256").sign(env, security, [env.body, security[0]],
+                                                               keys.key_name("demo-client"))  # fmt: skip
+    return env.root
+
+
 @pytest.mark.parametrize("algorithm", ["hmac-sha256", "rsa-sha256"])
 @pytest.mark.parametrize("default_namespace", [False, True])
 def test_direct_signatures_are_xmlsec_signatures(pki: Path, algorithm: str, default_namespace: bool) -> None:

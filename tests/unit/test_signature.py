@@ -873,3 +873,18 @@ def test_signxml_interop(p: Pki) -> None:
     next(root.iter(SEC)).append(theirs)
     env, verified = receive(p, etree.tostring(root), key=p.client)
     assert verified.elements == [env.body]
+
+
+def test_every_id_spelling_in_any_namespace_is_an_id_and_no_near_miss_is() -> None:
+    """id_index (the wrapping defence: ids unique across the document) takes exactly the local names Id, ID, id
+    and AssertionID, in any namespace: a near miss (a part or extension of one, another case) is no id, so it
+    neither collides nor names a signed part."""
+    names = ["Id", "ID", "id", "AssertionID"]
+    near = ["I", "d", "D", "iD", "Idx", "xId", "AssertionI", "ssertionID", "Id|ID", "ID|id"]
+    ids = "".join(f'<e{i} {n}="v-{i}"/>' for i, n in enumerate(names))
+    spaced = "".join(f'<f{i} xmlns:a="urn:a" a:{n}="w-{i}"/>' for i, n in enumerate(names))
+    misses = "".join(f'<g{i} {n.replace("|", "")}="x-{i}"/>' for i, n in enumerate(near))
+    root = etree.fromstring(f'<r xml:id="xml-id">{ids}{spaced}{misses}</r>')
+    index = signature.id_index(root)
+    assert sorted(index) == sorted([*(f"v-{i}" for i in range(4)), *(f"w-{i}" for i in range(4)), "xml-id"])
+    assert index["v-3"].tag == "e3" and index["w-0"].tag == "f0" and index["xml-id"] is root

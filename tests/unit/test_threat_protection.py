@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 from lxml import etree
 
-from filters.engine import faults
+from filters.engine import faults, ns
 from filters.engine.xml import threat_protection
+from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import parse_envelope
 from tests.support.harness import envelope
 
@@ -369,3 +370,20 @@ def test_decrypted_content_parsed_whole_only_where_the_bytes_bound_it(monkeypatc
     with pytest.raises(faults.Fault, match="nesting depth over 20"):
         parse("<a/>", depth=21)  # the wrapper's own place is too deep: the incremental parse says so
     assert calls == ["whole", "whole", "incremental", "incremental", "incremental", "incremental"]
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_header_and_body_are_the_envelopes_own_children_never_a_nested_or_foreign_copy(version: str) -> None:
+    """Envelope.header and .body look among the envelope's own children (xmlsupport.child), in its version's
+    namespace: a Header or Body nested in a header block, or in the other SOAP version's namespace, is never it."""
+    soap, other = (ns.SOAP11, ns.SOAP12) if version == "1.1" else (ns.SOAP12, ns.SOAP11)
+    root = etree.fromstring(
+        f'<s:Envelope xmlns:s="{soap}" xmlns:o="{other}"><!-- c --><o:Header/><o:Body/>'
+        "<s:Header><x:h xmlns:x='urn:x'><s:Header/><s:Body/></x:h></s:Header><s:Body><y/></s:Body></s:Envelope>"
+    )
+    env = Envelope(root=root, version=version)
+    assert env.header is root[3] and env.body is root[4]
+    del root[3]
+    assert env.header is None
+    made = env.ensure_header()
+    assert made is root[0] and made.tag == f"{{{soap}}}Header" and env.header is made

@@ -38,7 +38,7 @@ from lxml import etree
 
 from filters.engine import faults, metrics, ns
 from filters.engine.wss import attachments, str_transform, token
-from filters.engine.xml import c14n, values
+from filters.engine.xml import c14n, values, xmlsupport
 from filters.engine.xml.soap import Envelope
 
 if TYPE_CHECKING:
@@ -93,10 +93,10 @@ FORBIDDEN = {
     _ds("HMACOutputLength"): "ds:HMACOutputLength (CVE-2009-0217)",
 }
 _LOCAL_REF = re.compile(r"#([^\W\d][\w.\-]*)")
-# Every attribute some processor may treat as an id, in any namespace (wsu:Id, Id, ID, id, xml:id).
-_ID_ATTRIBUTES = etree.XPath(
-    "//@*[local-name()='Id' or local-name()='ID' or local-name()='id' or local-name()='AssertionID']"
-)
+# Every attribute some processor may treat as an id, in any namespace (wsu:Id, Id, ID, id, xml:id, AssertionID).
+# One local-name() per attribute, matched as "|name|" in the list (no NCName holds "|"): a third cheaper than four
+# comparisons, on two whole-document walks per exchange.
+_ID_ATTRIBUTES = etree.XPath("//@*[contains('|Id|ID|id|AssertionID|', concat('|', local-name(), '|'))]")
 # A SAML assertion is named by its own id attribute (SAML Token Profile 1.1: a direct reference to it).
 SAML_ID_ATTRIBUTES = {ns.q(ns.SAML2, "Assertion"): "ID", ns.q(ns.SAML1, "Assertion"): "AssertionID"}
 
@@ -406,7 +406,7 @@ def _verify_direct(
 
 
 def _str_transformed(ref: etree._Element) -> bool:
-    transforms = ref.find(_ds("Transforms"))
+    transforms = xmlsupport.child(ref, _ds("Transforms"))
     return transforms is not None and transforms[0].get("Algorithm") == str_transform.ALGORITHM
 
 
@@ -466,17 +466,21 @@ def verify(
     optimizations: Optimizations | None = None,
     parts: attachments.Attachments | None = None,
     dereference: str_transform.Dereference | None = None,
+    index: dict[str, etree._Element] | None = None,
 ) -> VerifiedSignature:
     """Verify `sig` (a ds:Signature in a wsse:Security header of `env`) with `key`: a certificate for RSA,
     the secret for HMAC. The key comes from the caller, never from the signature's KeyInfo. `optimizations`:
     the route's (None: xmlsec's reference processing). `parts`: the message's attachments, which `cid:`
     references may name (None: such a reference is refused). `dereference`: the token an STR-Transform
-    reference's STR names (None: such references are refused); the STR and that token count as signed."""
+    reference's STR names (None: such references are refused); the STR and that token count as signed.
+    `index`: `id_index(env.root)` as the document is now, where the caller made it already (a walk of the
+    whole document); None: made here."""
     security = _security_of(sig, env)
     algorithm, ids, value = _check_signature(sig, key, policy, cid=parts is not None)
+    if index is None:
+        index = id_index(env.root)
     if parts is not None and any(i.startswith("cid:") for i in ids):
-        return _verify_with_attachments(sig, env, security, key, algorithm, ids, value, parts)
-    index = id_index(env.root)
+        return _verify_with_attachments(sig, env, security, key, algorithm, ids, value, parts, index)
     elements = _signed_elements(ids, index, env, security, sig)
     if any(_str_transformed(r) for r in _children(_children(sig)[0])[2:]):
         tokens = _verify_str_transformed(sig, elements, key, algorithm, value, policy, dereference)
@@ -536,6 +540,7 @@ def _verify_with_attachments(
     ids: list[str],
     value: bytes,
     parts: attachments.Attachments,
+    index: dict[str, etree._Element],
 ) -> VerifiedSignature:
     """A signature with `cid:` references, which xmlsec cannot resolve: every digest computed here (the
     attachments' by their SwA transform, the elements' in the one-exclusive-C14N shape WSS4J sends, any other
@@ -547,7 +552,7 @@ def _verify_with_attachments(
     if info_prefixes is None:
         raise faults.security("InvalidSecurity", "signature over attachments: SignedInfo not in exclusive C14N")
     element_ids = [i for i in ids if not i.startswith("cid:")]
-    elements = iter(_signed_elements(element_ids, id_index(env.root), env, security, sig))
+    elements = iter(_signed_elements(element_ids, index, env, security, sig))
     covered: list[tuple[attachments.Attachment, str]] = []
     signed: list[etree._Element] = []
     for ref, target in zip(children[2:], ids, strict=True):

@@ -466,14 +466,15 @@ def _data_key(st: _State, ed: etree._Element) -> bytes:
     return secret
 
 
-def _named_key(st: _State, ref: keys.KeyRef) -> keys.KeyRef:
+def _named_key(st: _State, ref: keys.KeyRef, index: Mapping[str, etree._Element] | None = None) -> keys.KeyRef:
     """A wsse:Reference that names no element of the message but a configured pre-shared key is that key, by
     name (keys.str_pre_shared_key). Elements of the message win: an attacker's wsu:Id never stands for a key
-    name, and a key name is looked up only when nothing in the message carries it."""
+    name, and a key name is looked up only when nothing in the message carries it. `index`: the document's
+    signature.id_index, where the caller has it."""
     if ref.kind != "reference" or ref.value in st.secret_by_id or ref.value in st.tokens:
         return ref
     named = ref.value_type == ns.PRE_SHARED_KEY or (ref.value_type is None and ref.value in st.creds.psk)
-    if not named or ref.value in signature.id_index(st.env.root):
+    if not named or ref.value in (signature.id_index(st.env.root) if index is None else index):
         return ref
     return keys.KeyRef("key_name", ref.value)
 
@@ -569,10 +570,12 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     st.signatures += 1
     if st.signatures > 1:
         raise faults.security("InvalidSecurity", "more than one ds:Signature")
-    key_info = sig.find(KEY_INFO)
+    key_info = xmlsupport.child(sig, KEY_INFO)
     if key_info is None:
         raise faults.security("SecurityTokenUnavailable", "ds:Signature without ds:KeyInfo")
-    ref = _named_key(st, keys.parse_key_info(key_info))
+    # One walk of the document for its ids, here and in signature.verify: nothing changes the tree in between.
+    index = signature.id_index(st.env.root)
+    ref = _named_key(st, keys.parse_key_info(key_info), index)
     holder = _holder_key(st, ref)
     secret = _resolve_secret(st, ref) if holder is None else None
     key: x509.Certificate | bytes
@@ -598,7 +601,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
             st.out.signer_certificate = key
             st.out.signer_chain = st.creds.trust.chain(key)
     verified = signature.verify(
-        sig, st.env, key, st.req.signature, st.creds.optimizations, st.parts, lambda r: _str_token(st, r)
+        sig, st.env, key, st.req.signature, st.creds.optimizations, st.parts, lambda r: _str_token(st, r), index
     )
     replayed = faults.security("InvalidSecurity", "replay: signature value seen before")
     _first_sight(st, b"sig:" + verified.signature_value, _replay_ttl(st), replayed)
@@ -693,11 +696,11 @@ def _check_requirements(st: _State) -> None:
         raise faults.security("InvalidSecurity", "the soap:Body is not signed")
     security = st.security
     if "timestamp" in parts:
-        ts = security.find(TIMESTAMP)
+        ts = xmlsupport.child(security, TIMESTAMP)
         if ts is not None and not any(s is ts for s in out.signed):
             raise faults.security("InvalidSecurity", "the wsu:Timestamp is not signed")
     if "username_token" in parts:
-        ut = security.find(USERNAME_TOKEN)
+        ut = xmlsupport.child(security, USERNAME_TOKEN)
         if ut is not None and not any(s is ut for s in out.signed):
             raise faults.security("InvalidSecurity", "the UsernameToken is not signed")
     if "addressing" in parts and env.header is not None:

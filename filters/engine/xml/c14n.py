@@ -15,7 +15,9 @@ the listed prefixes in scope are rendered on the apex (and again below where an 
 listed prefix is declared below the apex and each is the only prefix of its namespace, the apex is made to use
 each listed prefix with a marker attribute, canonicalized without a list and the markers cut out: the same bytes,
 at the cost of a plain exclusive C14N. Anything else takes libxml2's way, and xmlsec's is slower still (about
-0.5 us per element and prefix): both only while `affordable`, or the signature is refused.
+0.5 us per element and prefix): both only while `affordable`, or the signature is refused. Before all that, a short
+list (the Timestamp's "soap wsse", the SignedInfo's "soap") goes to libxml2's PrefixList C14N on the element in
+place, kept only where the output proves lxml handed every prefix on (`_in_place`): a third to half the cost.
 
 `received_form` is the element as it is, serialized with every namespace in scope (self-contained, so it
 represents the element faithfully): the input of on-demand re-canonicalization (van Engelen 2.5), of the digest
@@ -44,6 +46,10 @@ _MARK = "wsgate-c14n-prefix-mark"
 # of its size) does not.
 PREFIX_LIST_BYTES = 2
 PREFIX_LIST_PAIRS = 4096
+# PrefixLists of at most this many prefixes go to libxml2's own PrefixList C14N on the element in place, where
+# lxml is proved to have handed them on (_in_place): the per-element lookups then cost at most about what the
+# marker way's serialization and scan cost. The Timestamp's ("soap wsse") and the SignedInfo's ("soap") lists.
+IN_PLACE_PREFIXES = 2
 
 
 def direct(prefixes: Sequence[str]) -> bool:
@@ -58,6 +64,9 @@ def canonical(el: etree._Element, prefixes: Sequence[str]) -> bytes:
         return etree.tostring(el, method="c14n", exclusive=True, with_comments=False)
     if not direct(prefixes):
         raise ValueError("the default namespace in a PrefixList is left to xmlsec")
+    in_place = _in_place(el, prefixes)
+    if in_place is not None:
+        return in_place
     form = received_form(el)
     marked = _marked(el, form, prefixes)
     if marked is not None:
@@ -66,6 +75,29 @@ def canonical(el: etree._Element, prefixes: Sequence[str]) -> bytes:
     alone = etree.fromstring(form, _PARSER)
     return etree.tostring(alone, method="c14n", exclusive=True, with_comments=False,
                           inclusive_ns_prefixes=list(prefixes))  # fmt: skip
+
+
+def _in_place(el: etree._Element, prefixes: Sequence[str]) -> bytes | None:
+    """libxml2's own PrefixList C14N of `el` where it stands, when its output proves lxml handed every listed prefix
+    on; None otherwise. The proof: each listed prefix is in scope on `el` and not used by `el` itself (its name,
+    its attributes), so a declaration of it on the apex can only come from the list (exclusive C14N declares on an
+    element only the namespaces it uses) and must be there (a listed prefix in scope is declared on the apex). At
+    most IN_PLACE_PREFIXES prefixes: libxml2 looks each up again at every element."""
+    listed = set(prefixes)
+    listed.discard("xml")  # never declared
+    if len(listed) > IN_PLACE_PREFIXES:
+        return None
+    in_scope = el.nsmap
+    used = {etree.QName(name).namespace for name in (el.tag, *el.attrib)}
+    if any(p not in in_scope or in_scope[p] in used for p in listed):
+        return None
+    out = etree.tostring(el, method="c14n", exclusive=True, with_comments=False, inclusive_ns_prefixes=list(listed))
+    # The apex start tag up to its first '>': the declarations come before any attribute, and a declaration's
+    # value has its '"' escaped, so ` xmlns:p="` there is p's declaration (a '>' in a value cuts it short: None).
+    head = out[: out.find(b">")]
+    if any(f' xmlns:{p}="'.encode() not in head for p in listed):
+        return None
+    return out
 
 
 def check_affordable(form: bytes, prefixes: Sequence[str]) -> None:

@@ -7,8 +7,12 @@ from dataclasses import dataclass
 from lxml import etree
 
 from filters.engine import ns
+from filters.engine.xml.xmlsupport import child
 
 VERSIONS = {ns.SOAP11: "1.1", ns.SOAP12: "1.2"}
+# Clark names per version: looked up a dozen times per exchange.
+_HEADER = {v: ns.q(ns.SOAP12 if v == "1.2" else ns.SOAP11, "Header") for v in VERSIONS.values()}
+_BODY = {v: ns.q(ns.SOAP12 if v == "1.2" else ns.SOAP11, "Body") for v in VERSIONS.values()}
 
 
 @dataclass
@@ -25,18 +29,18 @@ class Envelope:
 
     @property
     def header(self) -> etree._Element | None:
-        return self.root.find(ns.q(self.soap_ns, "Header"))
+        return child(self.root, _HEADER[self.version])
 
     @property
     def body(self) -> etree._Element:
-        body = self.root.find(ns.q(self.soap_ns, "Body"))
+        body = child(self.root, _BODY[self.version])
         assert body is not None  # threat_protection.parse_envelope guarantees one Body
         return body
 
     def ensure_header(self) -> etree._Element:
         header = self.header
         if header is None:
-            header = etree.Element(ns.q(self.soap_ns, "Header"))
+            header = etree.Element(_HEADER[self.version])
             self.root.insert(0, header)
         return header
 
