@@ -50,6 +50,7 @@ from gateway.policy import (
     check_body_budget,
     load_dir,
 )
+from gateway.policy import Route as RoutePolicy
 from gateway.policy import Tracing as TracingPolicy
 
 log = logging.getLogger("wsgate.filter")
@@ -128,6 +129,7 @@ class Worker:
                 max_request_bytes=p.route.limits.max_body_bytes,
                 max_response_bytes=p.route.response_limits.max_body_bytes,
                 identity_header=p.route.identity_header,
+                waits_on_network=waits_on_network(p.route),
             )
             for name, p in self.engine.pipelines.items()
         }
@@ -289,6 +291,14 @@ class Worker:
         version = fault_soap_version(p.exchange, p.headers)
         headers = [("content-type", faults.content_type(version))]
         return Answer.reply(fault.http_status, faults.render(fault, version), headers, p)
+
+
+def waits_on_network(route: RoutePolicy) -> bool:
+    """Whether the engine's calls on this route may wait on the network, giving up the engine's turn meanwhile
+    (turn.released): the partner STS of an outbound secureconversation route, an OCSP responder. The frame runs
+    only those on its engine threads."""
+    outbound_sc = route.outbound is not None and route.profile == "secureconversation"
+    return outbound_sc or route.rsa.revocation.mode in ("ocsp", "both")
 
 
 def _joined(body: bytes | Segments) -> bytes:

@@ -21,8 +21,14 @@ class Route:
     max_request_bytes: int
     max_response_bytes: int
     identity_header: str | None  # lowercase
+    waits_on_network: bool  # its engine calls go to the engine threads (a partner STS, an OCSP responder)
     def __new__(
-        cls, *, max_request_bytes: int, max_response_bytes: int, identity_header: str | None = None
+        cls,
+        *,
+        max_request_bytes: int,
+        max_response_bytes: int,
+        identity_header: str | None = None,
+        waits_on_network: bool = False,
     ) -> Route: ...
 
 @final

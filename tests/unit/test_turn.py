@@ -4,8 +4,15 @@ gives the turn up only while it waits, and takes it back before it goes on."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+
+import pytest
 
 from filters.engine import turn
+from filters.worker import waits_on_network
+from gateway.policy import RevocationPolicy, load_dir
+from loadtest import outbound
+from loadtest.optimizations import BENCH_POLICIES
 
 
 def test_calls_never_compute_at_once_whatever_threads_make_them() -> None:
@@ -54,3 +61,20 @@ def test_a_wait_outside_any_turn_gives_up_nothing() -> None:
         pass
     with turn.held():  # and the turn is still free
         pass
+
+
+def test_only_routes_that_wait_on_the_network_pay_for_a_thread_handoff(
+    pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The frame hands a route's engine calls to its engine threads only where they may wait on the network (an
+    outbound secureconversation route's partner STS, an OCSP responder); every other route's call stays on the
+    gRPC thread (a handoff costs more than a cheap exchange's whole Python)."""
+    monkeypatch.setenv("WSGATE_BENCH_CERTS", str(pki))
+    policies = load_dir(outbound.policy_dir(BENCH_POLICIES, tmp_path))
+    waiting = {r.name for r in policies.routes if waits_on_network(r)}
+    assert "outbound-sc" in waiting and not {"sc", "hmac", "rsa", "outbound-hmac", "outbound-rsa"} & waiting
+    rsa = policies.route("rsa")
+    for mode, waits in (("ocsp", True), ("both", True), ("crl", False), ("off", False)):
+        revocation = RevocationPolicy(mode=mode, crl_files=[] if mode in ("ocsp", "off") else [str(tmp_path / "x")])
+        changed = rsa.model_copy(update={"rsa": rsa.rsa.model_copy(update={"revocation": revocation})})
+        assert waits_on_network(changed) is waits, mode

@@ -55,16 +55,24 @@ pub struct Route {
     pub max_response_bytes: u64,
     /// Set by the gateway for the backend, so never taken from a client (besides every `x-wsgate-*` header).
     pub identity_header: Option<String>,
+    /// The engine's calls may wait on the network (a partner's STS, an OCSP responder): they go to the engine
+    /// threads (threads.rs); every other route's call is made on the gRPC thread, with no handoff.
+    pub waits_on_network: bool,
 }
 
 #[pymethods]
 impl Route {
     #[new]
-    #[pyo3(signature = (*, max_request_bytes, max_response_bytes, identity_header = None))]
-    fn new(max_request_bytes: u64, max_response_bytes: u64, identity_header: Option<String>) -> Self {
+    #[pyo3(signature = (*, max_request_bytes, max_response_bytes, identity_header = None, waits_on_network = false))]
+    fn new(
+        max_request_bytes: u64,
+        max_response_bytes: u64,
+        identity_header: Option<String>,
+        waits_on_network: bool,
+    ) -> Self {
         // HTTP header names match whatever their case: the frame compares lowercase.
         let identity_header = identity_header.map(|h| h.to_ascii_lowercase());
-        Route { max_request_bytes, max_response_bytes, identity_header }
+        Route { max_request_bytes, max_response_bytes, identity_header, waits_on_network }
     }
 }
 
