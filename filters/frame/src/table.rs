@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn an_identity_header_is_matched_whatever_its_case() {
-        let route = Route::new(1, 2, Some("X-User".into()));
+        let route = Route::new(1, 2, Some("X-User".into()), false);
         assert_eq!(route.identity_header.as_deref(), Some("x-user"));
     }
 }
