@@ -197,6 +197,17 @@ def _tree_checks(max_depth: int, max_attributes: int) -> etree.XPath:
     )
 
 
+def _check_tree(root: etree._Element, limits: Limits, max_depth: int) -> None:
+    """The limits a parsed tree is checked against in C, its depth counted from `root` (`max_depth`)."""
+    found = int(_tree_checks(max_depth, limits.max_attributes)(root))
+    if found & 1:
+        raise faults.client(f"nesting depth over {limits.max_depth}")
+    if found & 2:
+        raise faults.client(f"attribute count over {limits.max_attributes}")
+    if found & 4:
+        raise faults.client("processing instruction in message")
+
+
 def _parse_whole(data: bytes, limits: Limits) -> Envelope:
     """The fast path: memory is bounded by the element count the bytes allow. The same refusals as the
     incremental parse (a document over several limits may be refused for another of them)."""
@@ -206,13 +217,7 @@ def _parse_whole(data: bytes, limits: Limits) -> Envelope:
         raise faults.client(f"malformed XML: {exc.msg}") from None
     except ExternalResourceRefused as exc:
         raise _refused(exc) from None
-    found = int(_tree_checks(limits.max_depth, limits.max_attributes)(root))
-    if found & 1:
-        raise faults.client(f"nesting depth over {limits.max_depth}")
-    if found & 2:
-        raise faults.client(f"attribute count over {limits.max_attributes}")
-    if found & 4:
-        raise faults.client("processing instruction in message")
+    _check_tree(root, limits, limits.max_depth)
     namespaces = min(limits.max_namespace_declarations, limits.max_namespaces_in_scope)
     if data.count(b"xmlns") > namespaces and _over_in_scope(root, namespaces):
         if limits.max_namespace_declarations >= limits.max_namespaces_in_scope:
@@ -283,13 +288,7 @@ def parse_fragment(
 def _fragment_whole(doc: bytes, limits: Limits, depth: int) -> etree._Element:
     root = etree.fromstring(doc, _WHOLE)
     # The wrapper is the document element, at `depth`: content at the document's level n is at depth - 1 + n.
-    found = int(_tree_checks(limits.max_depth - depth + 1, limits.max_attributes)(root))
-    if found & 1:
-        raise faults.client(f"nesting depth over {limits.max_depth}")
-    if found & 2:
-        raise faults.client(f"attribute count over {limits.max_attributes}")
-    if found & 4:
-        raise faults.client("processing instruction in message")
+    _check_tree(root, limits, limits.max_depth - depth + 1)
     return root
 
 
