@@ -1,11 +1,11 @@
 //! wsgate_frame: the ext_proc frame of a WSGate filter worker, a Python extension module.
 //!
 //! `serve` runs Envoy's `ExternalProcessor` gRPC service on a single-threaded tokio runtime driven on the calling
-//! (the worker's main) thread with the GIL released. Once per body phase it hands the exchange to one of the
-//! engine's threads (threads.rs) for the one call into the engine (`handle`), and serves the other exchanges
-//! meanwhile; it re-takes the GIL itself only per refusal (`refused`, and `replay_refused` when the replay check
-//! the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`) and once ready and after each reload
-//! (`ready`).
+//! (the worker's main) thread with the GIL released. It re-takes the GIL once per body phase for the one call into
+//! the engine (`handle`), except on routes whose calls may wait on the network, which it hands to one of the
+//! engine's threads (threads.rs) while it serves the other exchanges; and per refusal (`refused`, and
+//! `replay_refused` when the replay check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`)
+//! and once ready and after each reload (`ready`).
 //! SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
 //!
 //! The contract with the worker (filters/worker.py) is typed: the classes here (`Table` with its `Route`s and
