@@ -24,7 +24,16 @@ import requests
 import yaml
 
 from gateway.tools.client import Client, ClientConfig
-from loadtest import attachment_cpu, attachment_gateway, bench, engine_cpu, engine_parts, large, optimizations
+from loadtest import (
+    attachment_cpu,
+    attachment_gateway,
+    bench,
+    engine_cpu,
+    engine_parts,
+    exchange_profile,
+    large,
+    optimizations,
+)
 from loadtest.messages import PROFILES, CheckFailed, Factory
 from tests.support.harness import GatewayFactory, LiveGateway
 
@@ -235,6 +244,20 @@ def test_engine_parts_smoke(pki: Path) -> None:
     out = io.StringIO()
     engine_parts.report(rows, out)
     assert "Timestamp: C14N (PrefixList soap wsse) and digest" in out.getvalue()
+
+
+def test_exchange_profile_smoke(pki: Path) -> None:
+    """Each exchange by stage: the stages the profile has, the glue beside them, the demo backend left out."""
+    policies = optimizations.bench_policies(pki)
+    rows = {(p, "small"): exchange_profile.stage_row(exchange_profile.prepare(p, "small", policies, pki, 5))
+            for p in ("xml", "hmac-encrypted")}  # fmt: skip
+    xml, enc = rows[("xml", "small")], rows[("hmac-encrypted", "small")]
+    assert set(xml) <= {"parse", "serialize", exchange_profile.GLUE} and xml["parse"] > 0
+    assert {"parse", "decrypt", "signature_check", "signature_creation", "encryption", "serialize"} <= set(enc)
+    assert sum(enc.values()) > sum(xml.values())
+    out = io.StringIO()
+    exchange_profile.report_stages(rows, out)
+    assert out.getvalue().splitlines()[-1].startswith("hmac-encrypted small")
 
 
 def test_optimizations_smoke(pki: Path) -> None:

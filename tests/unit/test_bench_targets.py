@@ -13,6 +13,12 @@ from loadtest import outbound, targets
 class P:
     gateway_cpu_us: float
     redis_cpu_us: float = 0.0
+    envoy_cpu_us: float = 0.0
+    stage_total_ms: float = 0.0
+
+    @property
+    def filter_cpu_us(self) -> float:
+        return self.gateway_cpu_us - self.envoy_cpu_us
 
 
 FLOORS = targets.Floors(rsa_sign_us=1000.0, bytes_us={"small": 10.0, "large": 210.0})
@@ -21,7 +27,7 @@ FLOORS = targets.Floors(rsa_sign_us=1000.0, bytes_us={"small": 10.0, "large": 21
 def _report(points: dict[tuple[str, str], P], floors: targets.Floors = FLOORS) -> dict[str, str]:
     out = io.StringIO()
     targets.report(lambda prof, size: points.get((prof, size)), floors, out)
-    lines = out.getvalue().strip().splitlines()[2:]  # after the heading and the floors
+    lines = out.getvalue().strip().splitlines()[2 : 2 + len(targets.TARGETS)]  # after the heading and the floors
     return {t.label: line for t, line in zip(targets.TARGETS, lines, strict=True)}
 
 
@@ -30,7 +36,7 @@ def test_ratios_are_to_none_and_hmac_of_the_same_run_with_redis_counted() -> Non
         ("none", "small"): P(100), ("xml", "small"): P(230, 20), ("hmac", "small"): P(300),
         ("secureconversation", "small"): P(335),
     })  # fmt: skip
-    assert "MISSED" in lines["xml, 1 KB"] and "1.04x" in lines["xml, 1 KB"]  # 250 > 240: Redis counts
+    assert "MISSED by 10 " in lines["xml, 1 KB"] and "1.04x" in lines["xml, 1 KB"]  # 250 > 240: Redis counts
     assert "met" in lines["hmac, 1 KB"]
     assert "met" in lines["secureconversation, 1 KB"]
     assert "MISSED" in lines["secureconversation vs hmac, 1 KB"]  # 335 > 330
@@ -64,6 +70,23 @@ def test_secureconversation_held_to_the_row_that_protects_alike_naming_both() ->
     assert "MISSED" in lines["secureconversation vs hmac, 1 KB"]  # 430 > 330
     no_row = _report({("hmac", "small"): P(300), ("secureconversation", "small"): P(320)})
     assert no_row["secureconversation vs hmac-encrypted, 1 KB"].endswith("not measured")
+
+
+def test_each_figure_is_split_into_envoy_frame_engine_and_redis_beside_the_ext_proc_floor() -> None:
+    out = io.StringIO()
+    points = {("none", "small"): P(50), ("xml", "small"): P(300, envoy_cpu_us=200, stage_total_ms=0.06),
+              ("hmac", "small"): P(900, 30, envoy_cpu_us=250, stage_total_ms=0.55)}  # fmt: skip
+    targets.report(lambda prof, size: points.get((prof, size)), FLOORS, out)
+    text = out.getvalue()
+    assert "the ext_proc floor in this run (the xml row's Envoy + frame, 1 KB): 240 us" in text
+    hmac = next(line for line in text.splitlines()[2 + len(targets.TARGETS) :] if "hmac, 1 KB" in line)
+    # Envoy 250 + frame 650 - 550 + engine 550 + Redis 30; the bound 3.4 x 50 = 170 is under the 240 us floor
+    assert hmac.split()[3:10] == ["250", "+", "100", "+", "550", "+", "30;"] and "0.71x the ext_proc floor" in hmac
+
+
+def test_a_stage_time_over_the_workers_cpu_leaves_the_frame_at_zero() -> None:
+    split = targets.Split.of(P(500, envoy_cpu_us=200, stage_total_ms=0.35))  # waited for a core: 350 > 300
+    assert (split.frame, split.engine, split.floor) == (0.0, 350.0, 200.0)
 
 
 @dataclass
