@@ -37,6 +37,35 @@ def test_nested_stages_are_exclusive_and_inherit_the_route() -> None:
     assert 0.03 <= got["c14n"] < 0.055
 
 
+def test_a_stage_going_on_under_another_name_charges_each_name_its_own_time_and_tells_the_hook() -> None:
+    route = Route.model_validate(
+        {"name": "metrics-then", "match": {"path_prefix": "/t/"}, "upstream": {"address": "127.0.0.1:1"},
+         "profile": "xml"}
+    )  # fmt: skip
+    seen: list[str] = []
+
+    class Hook:
+        def enter(self, name: str) -> None:
+            seen.append(f"+{name}")
+
+        def exit(self) -> None:
+            seen.append("-")
+
+    metrics.stages.hook = Hook()
+    try:
+        with metrics.stage(route, "signature_check"), metrics.stage(None, "c14n"):
+            time.sleep(0.03)
+            metrics.then("digest")
+            time.sleep(0.02)
+    finally:
+        metrics.stages.hook = None
+    got = _sums("metrics-then")
+    assert 0.03 <= got["c14n"] < 0.045 and 0.02 <= got["digest"] < 0.035 and got["signature_check"] < 0.01
+    assert seen == ["+signature_check", "+c14n", "-", "+digest", "-", "-"]  # a span per name, nested as before
+    metrics.then("digest")  # outside any stage: nothing to charge, nothing recorded
+    assert _sums("metrics-then") == got
+
+
 def test_inner_stages_outside_a_pipeline_record_nothing() -> None:
     before = metrics.STAGE.collect()[0].samples
 

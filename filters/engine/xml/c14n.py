@@ -60,6 +60,10 @@ def direct(prefixes: Sequence[str]) -> bool:
 @metrics.timed("c14n")
 def canonical(el: etree._Element, prefixes: Sequence[str]) -> bytes:
     """Exclusive C14N 1.0 (without comments) of `el`; `prefixes`: the InclusiveNamespaces PrefixList."""
+    return _canonical(el, prefixes)
+
+
+def _canonical(el: etree._Element, prefixes: Sequence[str]) -> bytes:
     if not prefixes:
         return etree.tostring(el, method="c14n", exclusive=True, with_comments=False)
     if not direct(prefixes):
@@ -156,10 +160,13 @@ def _mark(uri: str) -> str:
     return f"{{{uri}}}{_MARK}"
 
 
-@metrics.timed("digest")
+@metrics.timed("c14n")
 def digest(el: etree._Element, prefixes: Sequence[str], algorithm: str) -> bytes:
-    """The DigestValue (raw bytes) of a reference to `el` with one exclusive C14N transform."""
-    return hashlib.new(HASHES[algorithm], canonical(el, prefixes)).digest()
+    """The DigestValue (raw bytes) of a reference to `el` with one exclusive C14N transform: timed as c14n, then as
+    digest (one stage going on under another name, not a stage inside a stage: a tick less per reference)."""
+    form = _canonical(el, prefixes)
+    metrics.then("digest")
+    return hashlib.new(HASHES[algorithm], form).digest()
 
 
 def received_form(el: etree._Element) -> bytes:
