@@ -11,11 +11,12 @@ request first, then the backend, then every response):
   shares move less.
 - by component (`--callgrind`): instruction counts under valgrind's callgrind, which do not depend on the machine's
   load: one valgrind run executes every point, each side of a point inside its own `functools.reduce` call
-  (callgrind collects only inside it and dumps at its exit), and each function's own instructions are summed by
-  the component it belongs to: libxml2's C14N, XPath, serializer and the rest of libxml2 (the parser and the tree),
-  lxml's bindings, OpenSSL's digests, bignum arithmetic (RSA) and ciphers, xmlsec, the cryptography package's
-  bindings, the Python interpreter (and its C modules), libc (malloc, memcpy). Valgrind runs code about 50 times
-  slower: a few exchanges per point (`--count`) are enough, instruction counts repeat.
+  (callgrind collects only inside it and dumps at its exit), and each shared object's own instructions are summed
+  by component: lxml with the libxml2 its wheel links in (parse, C14N, XPath, serialization), the xmlsec wheel
+  with the libxmlsec1, libxml2 and OpenSSL it links in (RSA signing, AES both ways), the cryptography wheel with
+  its OpenSSL (RSA key unwrap), the system's libcrypto (hashlib's SHA, hmac's HMAC), the Python interpreter with
+  its C modules, libc (malloc, memcpy). Valgrind runs code about 50 times slower: a few exchanges per point
+  (`--count`) are enough, instruction counts repeat.
 
 Shares, not absolute times, are what this shows: the gateway's absolute figures come from `make bench`."""
 
@@ -150,13 +151,13 @@ def report_stages(rows: dict[tuple[str, str], dict[str, float]], out: TextIO) ->
 
 # ---- callgrind: instruction counts by component
 
-# (component, what the object's file name matches); the first match wins. By object: lxml's wheel links libxml2 into
-# its own module, and both it and the system's libcrypto are stripped, so their functions have no names here.
+# (component, what the object's file name matches); the first match wins. By object: the wheels link their C
+# libraries in and are stripped, as is the system's libcrypto, so their functions have no names here.
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("lxml + libxml2", r"lxml/"),
-    ("xmlsec", r"xmlsec"),
-    ("OpenSSL", r"libcrypto|libssl"),
-    ("cryptography", r"cryptography/|_rust\.abi3"),
+    ("xmlsec+OpenSSL", r"xmlsec"),
+    ("libcrypto", r"libcrypto|libssl"),
+    ("cryptography+OpenSSL", r"cryptography/|_rust\.abi3"),
     ("Python", r"python3|libpython|lib-dynload"),
     ("libc", r"/libc\.so|/libm\.so"),
 )
