@@ -189,7 +189,9 @@ def _where_it_goes(at: Callable[[str, str], Measured | None], floors: Floors, ou
     print("\nWhere each target's measured figure goes, us per request: Envoy + frame (the ext_proc floor of that "
           "row) + engine (its stages) + Redis", file=out)  # fmt: skip
     if floor is not None:
-        print(f"  the ext_proc floor in this run (the xml row's Envoy + frame, 1 KB): {floor:,.0f} us", file=out)
+        none = at("none", "small")
+        times = f" = {floor / cpu(none):.1f}x none" if none and cpu(none) else ""
+        print(f"  the ext_proc floor in this run (the xml row's Envoy + frame, 1 KB): {floor:,.0f} us{times}", file=out)
     for t in TARGETS:
         p = at(t.profile, t.size)
         bound = t.bound(at, floors)

@@ -78,7 +78,7 @@ def test_each_figure_is_split_into_envoy_frame_engine_and_redis_beside_the_ext_p
               ("hmac", "small"): P(900, 30, envoy_cpu_us=250, stage_total_ms=0.55)}  # fmt: skip
     targets.report(lambda prof, size: points.get((prof, size)), FLOORS, out)
     text = out.getvalue()
-    assert "the ext_proc floor in this run (the xml row's Envoy + frame, 1 KB): 240 us" in text
+    assert "the ext_proc floor in this run (the xml row's Envoy + frame, 1 KB): 240 us = 4.8x none" in text
     hmac = next(line for line in text.splitlines()[2 + len(targets.TARGETS) :] if "hmac, 1 KB" in line)
     # Envoy 250 + frame 650 - 550 + engine 550 + Redis 30; the bound 3.4 x 50 = 170 is under the 240 us floor
     assert hmac.split()[3:10] == ["250", "+", "100", "+", "550", "+", "30;"] and "0.71x the ext_proc floor" in hmac
