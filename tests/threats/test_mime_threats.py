@@ -219,7 +219,7 @@ def test_the_boundary_inside_content_across_the_search_window_edge_is_refused(ac
     # The delimiter search reads the body in windows (mime/package.py): a boundary string split between two must
     # be found as surely as one inside a window, in content and as a real delimiter.
     dash = b"--" + B.encode()
-    ct, probe = _mtom(_att(body=b"@" * 10))
+    _, probe = _mtom(_att(body=b"@" * 10))
     content_at = probe.index(b"@" * 10)
     # The search for the attachment's end starts right after its opening delimiter; its first window ends here.
     edge = probe.index(dash, probe.index(dash) + 1) + len(dash) + mime._SEARCH_WINDOW
