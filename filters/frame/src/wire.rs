@@ -365,6 +365,41 @@ mod tests {
         assert!(chunks[0].ends_with(b"<root/>") && chunks[2].as_ref() == b"--b--");
     }
 
+    /// Every frame of an `Answers` body: the DATA chunks joined, then the trailers' grpc-status.
+    async fn frames(answers: Vec<Result<Outgoing, Status>>, max: usize) -> (Vec<u8>, String) {
+        let stream: ResponseStream = Box::pin(futures_util::stream::iter(answers));
+        let mut body = Answers { answers: stream, chunks: VecDeque::new(), max_message_bytes: max, ended: false };
+        let (mut data, mut status) = (Vec::new(), String::new());
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            match frame.unwrap().into_data() {
+                Ok(chunk) => data.extend_from_slice(&chunk),
+                Err(trailers) => status = trailers.into_trailers().unwrap()["grpc-status"].to_str().unwrap().into(),
+            }
+        }
+        assert!(body.is_end_stream());
+        (data, status)
+    }
+
+    #[tokio::test]
+    async fn answers_go_out_whole_and_in_order_then_the_status_as_trailers() {
+        let large = Bytes::from(vec![5u8; BY_REFERENCE]);
+        let body = |b: Vec<Bytes>| Outgoing::Body { request: true, headers: HeaderMutation::default(), body: b };
+        let first = body(vec![Bytes::from_static(b"<r/>"), large.clone()]);
+        let second = Outgoing::Message(Box::default());
+        let wire: Vec<u8> =
+            first.chunks(usize::MAX).unwrap().into_iter().chain(second.chunks(usize::MAX).unwrap()).flatten().collect();
+        let answers =
+            vec![Ok(body(vec![Bytes::from_static(b"<r/>"), large.clone()])), Ok(Outgoing::Message(Box::default()))];
+        assert_eq!(frames(answers, usize::MAX).await, (wire.clone(), "0".into()));
+        // An error ends the exchange with its status; an answer over the limit is never sent, only its status.
+        let failed = vec![Ok(Outgoing::Message(Box::default())), Err(Status::internal("x"))];
+        let wire_first: Vec<u8> =
+            Outgoing::Message(Box::default()).chunks(usize::MAX).unwrap().into_iter().flatten().collect();
+        assert_eq!(frames(failed, usize::MAX).await, (wire_first, (tonic::Code::Internal as i32).to_string()));
+        let over = vec![Ok(body(vec![large]))];
+        assert_eq!(frames(over, 100).await, (Vec::new(), (tonic::Code::OutOfRange as i32).to_string()));
+    }
+
     #[test]
     fn an_answer_over_the_message_limit_is_an_error_not_sent() {
         let body = vec![Bytes::from(vec![1u8; 1000])];
