@@ -13,6 +13,17 @@ OpenSSL cost of the bytes one exchange must process, both ways (the request's at
 signed: twice the attachment through SHA-256; encrypted rows also decrypt and encrypt it once each: twice through
 AES-256-GCM too). `x floor` = the share / the floor; the target (issue 21) is at most 2x.
 
+The pass-through rows, one per size: the signed row's very package (the same secured request bytes, the same
+echo) sent to the `swa-floor` route, an `xml` route: the same Envoy buffering it both ways through the same ext_proc
+body phases, the worker parsing the package and checking its root, and no WS-Security (the Security header passes
+as text, the package goes on unchanged: no body goes back to Envoy). The encrypted rows take the same one: their
+encrypted Body is no operation the demo backend can answer, and their package is the signed one's size to a few
+hundred bytes. It is as near as a route comes to Envoy's own cost of
+moving those bytes through ext_proc (a route with no ext_proc would not be the same hop; an `xml` route without
+attachments refuses a package). `WS-Security` = the row's CPU per request minus its pass-through's: what securing
+the exchange costs beyond carrying it (the envelope's signature both ways included, and the package written anew
+each way), and that over the OpenSSL floor.
+
 Every reply is checked as it arrives (this process's CPU is not counted): HTTP 200, the gateway's signature verified (and the reply decrypted) over
 the envelope and the attachment, the echoed texts and the attachment's bytes as sent.
 
@@ -33,6 +44,7 @@ from typing import TextIO
 import requests
 
 from filters.engine import faults
+from filters.engine.mime import package as mime
 from filters.engine.wss import attachments, wssecurity
 from filters.engine.xml.threat_protection import parse_envelope
 from gateway.control.supervisor import Gateway
@@ -44,6 +56,8 @@ from loadtest.attachment_cpu import Row as InProcessRow
 from loadtest.messages import CheckFailed, check_operation, plain_request
 
 BASELINE = "none"  # the size of the baseline rows: the envelope alone
+PASS_THROUGH = "swa-floor"  # the `xml` route the pass-through rows go to (loadtest/policies/bench.yaml)
+PASS_THROUGH_KIND = "signed"  # the kind whose package they carry (the backend answers no encrypted Body)
 WARM_UP = 2  # requests per row before the measure, not counted: keys parsed, code paths taken first
 ROLES = ("envoy", "filter", "redis")  # the gateway's processes; the backend is not counted
 
@@ -56,6 +70,11 @@ class Row:
     cpu_us: dict[str, float]  # per request, by role (ROLES)
     verified: int = 0
     failures: list[str] = field(default_factory=list)
+    pass_through: bool = False  # the same package on PASS_THROUGH, no WS-Security
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}, xml route" if self.pass_through else self.kind
 
     @property
     def total_us(self) -> float:
@@ -71,10 +90,19 @@ class Derived:
     mbps: float  # the attachment's bytes / the CPU per request
     in_process_us: float  # attachment_cpu's request + reply for the same row
     floor_us: float  # OpenSSL's cost of the bytes the exchange processes, both ways
+    pass_through_us: float  # the same package's CPU per request on PASS_THROUGH
 
     @property
     def ratio(self) -> float:
         return self.share_us / self.floor_us
+
+    @property
+    def security_us(self) -> float:
+        return self.row.total_us - self.pass_through_us
+
+    @property
+    def security_ratio(self) -> float:
+        return self.security_us / self.floor_us
 
 
 def check(client: Client, status: int, content_type: str, body: bytes, tag: str, data: bytes | None) -> None:
@@ -105,6 +133,21 @@ def check(client: Client, status: int, content_type: str, body: bytes, tag: str,
         raise CheckFailed("the attachment came back changed")
 
 
+def check_pass_through(route: Route, status: int, content_type: str, body: bytes, sent_type: str, sent: bytes) -> None:
+    """Raise CheckFailed unless `body` is the backend's echo of the package `sent`, passed on `route` untouched:
+    the attachment's bytes as sent (for an encrypted row, the ciphertext)."""
+    if status != 200:
+        raise CheckFailed(f"HTTP {status}: {body[:300]!r}")
+    limits = route.attachments
+    try:
+        got = mime.parse(content_type, body, limits).attachments
+        want = mime.parse(sent_type, sent, limits).attachments
+    except faults.Fault as f:
+        raise CheckFailed(f"not a valid package: {f.reason}") from None
+    if [bytes(p.body) for p in got] != [bytes(p.body) for p in want]:
+        raise CheckFailed("the attachment came back changed")
+
+
 def _cpu_s(pid: int) -> float:
     """On-CPU seconds of the process's threads (/proc/<pid>/task/*/schedstat, in ns: /proc/<pid>/stat counts in
     ticks of 10 ms, too coarse for a 100 KB attachment's share of a request). A thread that ended takes its time
@@ -124,23 +167,28 @@ def gateway_cpu(gw: Gateway) -> dict[str, float]:
     return {role: sum(_cpu_s(p.pid) for p in procs if p is not None) for role, procs in pids.items()}
 
 
-def measure(gw: Gateway, route: Route, certs: Path, kind: str, size: str, count: int) -> Row:
+def measure(gw: Gateway, route: Route, certs: Path, kind: str, size: str, count: int, via: Route | None = None) -> Row:
     """`count` requests of the row, after WARM_UP more, sent one at a time, each reply checked on arrival (this
-    process's CPU is not the gateway's)."""
+    process's CPU is not the gateway's). `via`: the same requests, secured for `route`, sent to that route instead
+    (the pass-through row)."""
     data = os.urandom(SIZES[size]) if size != BASELINE else None
     tags = [f"swa-{kind}-{size}-{i}".replace(" ", "") for i in range(WARM_UP + count)]
     bodies = [request(route, certs, data, kind != "signed", tag) for tag in tags]
-    url = f"http://127.0.0.1:{gw.opts.http_port}{route.match.path_prefix}demo"
+    url = f"http://127.0.0.1:{gw.opts.http_port}{(via or route).match.path_prefix}demo"
     client = Client(route, ClientConfig(certs=certs))
-    row = Row(kind, size, count, {})
+    row = Row(kind, size, count, {}, pass_through=via is not None)
     before: dict[str, float] = {}
     with requests.Session() as session:
         for i, (tag, (content_type, body)) in enumerate(zip(tags, bodies, strict=True)):
             if i == WARM_UP:
                 before = gateway_cpu(gw)
             r = session.post(url, data=body, headers={"content-type": content_type}, timeout=300)
+            reply_type = r.headers.get("content-type", "")
             try:
-                check(client, r.status_code, r.headers.get("content-type", ""), r.content, tag, data)
+                if via is None:
+                    check(client, r.status_code, reply_type, r.content, tag, data)
+                else:
+                    check_pass_through(via, r.status_code, reply_type, r.content, content_type, body)
                 row.verified += 1
             except CheckFailed as exc:
                 row.failures.append(f"{tag}: {exc}")
@@ -152,24 +200,29 @@ def measure(gw: Gateway, route: Route, certs: Path, kind: str, size: str, count:
 def run(
     gw: Gateway, policies: PolicySet, certs: Path, scale: float = 1.0, sizes: Sequence[str] = tuple(SIZES)
 ) -> list[Row]:
-    """Each kind: its baseline (as many requests as the smallest size's row), then each size."""
+    """Each kind: its baseline (as many requests as the smallest size's row), then each size; then each size's
+    pass-through row."""
     counts = {s: max(2, round(COUNTS[s] * scale)) for s in sizes}
     counts = {BASELINE: counts[min(sizes, key=SIZES.__getitem__)], **counts}
-    return [measure(gw, policies.route(ROWS[k]), certs, k, s, n) for k in ROWS for s, n in counts.items()]
+    rows = [measure(gw, policies.route(ROWS[k]), certs, k, s, n) for k in ROWS for s, n in counts.items()]
+    route, via = policies.route(ROWS[PASS_THROUGH_KIND]), policies.route(PASS_THROUGH)
+    return rows + [measure(gw, route, certs, PASS_THROUGH_KIND, s, n, via) for s in sizes for n in [counts[s]]]
 
 
 def derive(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floors) -> list[Derived]:
     base = {r.kind: r.total_us for r in rows if r.size == BASELINE}
     local = {(r.kind, r.size): r.request_us + r.reply_us for r in in_process}
+    passed = {r.size: r.total_us for r in rows if r.pass_through}
     out = []
     for r in rows:
-        if r.size == BASELINE:
+        if r.size == BASELINE or r.pass_through:
             continue
         nbytes = SIZES[r.size]
         share = r.total_us - base.get(r.kind, math.nan)
         floor_us = 2 * nbytes / floors.mbps(r.kind)  # MB/s = bytes per us
         mbps = nbytes / r.total_us if r.total_us > 0 else math.nan
-        out.append(Derived(r, share, mbps, local.get((r.kind, r.size), math.nan), floor_us))
+        in_process_us = local.get((r.kind, r.size), math.nan)
+        out.append(Derived(r, share, mbps, in_process_us, floor_us, passed.get(r.size, math.nan)))
     return out
 
 
@@ -181,18 +234,20 @@ def report(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floo
     print(
         "\nAttachments (SwA profile) through the gateway: each request once, one at a time; the gateway's CPU per "
         "request (Envoy + filter workers + Redis, /proc), the attachment's share (minus the same route's 1 KB "
-        f"envelope alone), beside the engine in process and OpenSSL's floor ({floors.text()})",
+        f"envelope alone), beside the engine in process and OpenSSL's floor ({floors.text()}); each row's "
+        "pass-through (the same package on an `xml` route) and its WS-Security cost (the row minus its pass-through)",
         file=out,
     )
     head = ["row", "attachment", "requests", "verified", "CPU/request", "of it Envoy", "attachment's share",
-            "MB/s per core", "in process", "floor", "x floor"]  # fmt: skip
+            "MB/s per core", "in process", "floor", "x floor", "pass-through", "WS-Security", "x floor"]  # fmt: skip
     lines = [head]
     derived = {(d.row.kind, d.row.size): d for d in derive(rows, in_process, floors)}
     for r in rows:
-        cells = [r.kind, r.size, str(r.requests), f"{r.verified}/{r.requests + WARM_UP}", _ms(r.total_us),
+        cells = [r.label, r.size, str(r.requests), f"{r.verified}/{r.requests + WARM_UP}", _ms(r.total_us),
                  _ms(r.cpu_us["envoy"])]  # fmt: skip
-        if d := derived.get((r.kind, r.size)):
-            cells += [_ms(d.share_us), f"{d.mbps:,.1f}", _ms(d.in_process_us), _ms(d.floor_us), f"{d.ratio:.1f}x"]
+        if not r.pass_through and (d := derived.get((r.kind, r.size))):
+            cells += [_ms(d.share_us), f"{d.mbps:,.1f}", _ms(d.in_process_us), _ms(d.floor_us), f"{d.ratio:.1f}x",
+                      _ms(d.pass_through_us), _ms(d.security_us), f"{d.security_ratio:.1f}x"]  # fmt: skip
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines if i < len(line)) for i in range(len(head))]
     for line in lines:
@@ -204,7 +259,10 @@ def report(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floo
         "(verified: the replies checked, warm-ups included. MB/s per core: the attachment's bytes / CPU per "
         "request. in process: loadtest/attachment_cpu.py's request + reply. floor: OpenSSL's CPU for the bytes an "
         "exchange processes, the attachment hashed both ways (and ciphered both ways when encrypted). x floor: the "
-        "share / the floor; the target is at most 2x)",
+        "share / the floor; the target is at most 2x. pass-through: the `signed, xml route` row's CPU/request for the "
+        "size, the signed package through the same Envoy and ext_proc phases with no WS-Security (parsed and passed "
+        "on unchanged). WS-Security: CPU/request - pass-through, the envelope's signature both ways included; its x "
+        "floor: that / the floor)",
         file=out,
     )
     for r in rows:
@@ -219,11 +277,13 @@ def write_csv(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: F
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["kind", "attachment", "attachment_bytes", "requests", "verified", *(f"{r}_cpu_us" for r in ROLES),
-                    "cpu_us", "share_us", "mbps_per_core", "in_process_us", "floor_us", "floor_ratio"])  # fmt: skip
+                    "cpu_us", "share_us", "mbps_per_core", "in_process_us", "floor_us", "floor_ratio",
+                    "pass_through_us", "security_us", "security_floor_ratio"])  # fmt: skip
         for r in rows:
-            d = derived.get((r.kind, r.size))
-            extra = [d.share_us, d.mbps, d.in_process_us, d.floor_us, d.ratio] if d else [""] * 5
-            w.writerow([r.kind, r.size, SIZES.get(r.size, 0), r.requests, r.verified,
+            d = None if r.pass_through else derived.get((r.kind, r.size))
+            extra = [d.share_us, d.mbps, d.in_process_us, d.floor_us, d.ratio, d.pass_through_us, d.security_us,
+                     d.security_ratio] if d else [""] * 8  # fmt: skip
+            w.writerow([r.label, r.size, SIZES.get(r.size, 0), r.requests, r.verified,
                         *(round(r.cpu_us[x], 1) for x in ROLES), round(r.total_us, 1),
                         *(round(v, 3) if isinstance(v, float) else v for v in extra)])  # fmt: skip
 

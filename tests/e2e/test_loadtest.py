@@ -82,7 +82,7 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     assert len(re.findall(r"\n(signed|signed\+encrypted) +(100 KB|10 MB) +[\d.]+ ms +[\d.]+ MB/s", swa[0])) == 4, swa
     # And through the gateway, beside them: every row's replies verified, in process and floor figures printed.
     found = re.findall(
-        r"^(signed|signed\+encrypted) +(100 KB|10 MB) +(\d+) +(\d+)/(\d+) +[\d.,]+ ms .* [\d.,]+ ms +-?[\d.]+x$",
+        r"^(signed|signed\+encrypted) +(100 KB|10 MB) +(\d+) +(\d+)/(\d+) +[\d.,]+ ms .* -?[\d.,]+ ms +-?[\d.]+x$",
         swa[1],
         re.MULTILINE,
     )
@@ -90,7 +90,8 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
         int(n) + attachment_gateway.WARM_UP == int(ok) == int(sent) for *_, n, ok, sent in found
     ), swa[1]
     swa_rows = list(csv.DictReader((tmp_path / "out" / "attachments.csv").open()))
-    assert [r["attachment"] for r in swa_rows] == ["none", "100 KB", "10 MB"] * 2
+    assert [r["attachment"] for r in swa_rows] == ["none", "100 KB", "10 MB"] * 2 + ["100 KB", "10 MB"]
+    assert all(float(r["security_us"]) > 0 for r in swa_rows if r["pass_through_us"])  # beside its pass-through row
     rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
     assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
     assert float(rows[0]["rps"]) > 0 and float(rows[0]["gateway_cpu_us"]) > 0
@@ -351,7 +352,8 @@ def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -
     a measure."""
     policies = optimizations.bench_policies(pki)
     rows = attachment_gateway.run(gw.gw, policies, pki, scale=0.1, sizes=["100 KB"])
-    assert [(r.kind, r.size) for r in rows] == [(k, s) for k in attachment_cpu.ROWS for s in ("none", "100 KB")]
+    expected = [(k, s, False) for k in attachment_cpu.ROWS for s in ("none", "100 KB")] + [("signed", "100 KB", True)]
+    assert [(r.kind, r.size, r.pass_through) for r in rows] == expected
     for r in rows:
         assert r.requests == 6 and r.verified == 6 + attachment_gateway.WARM_UP and not r.failures, r.failures
     assert all(r.cpu_us["envoy"] > 0 and r.cpu_us["filter"] > 0 for r in rows)  # read from /proc, per thread
@@ -361,7 +363,10 @@ def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -
     assert "Attachments (SwA profile) through the gateway" in text, text
     for kind in attachment_cpu.ROWS:
         assert re.search(rf"\n{re.escape(kind)} +none +6 +8/8 +[\d.]+ ms +[\d.]+ ms\n", text), text
-        assert re.search(rf"\n{re.escape(kind)} +100 KB +6 +8/8 +[\d.]+ ms .* - +[\d.]+ ms +-?[\d.]+x\n", text), text
+        money = r"-?[\d.]+ ms +-?[\d.]+x"  # a cost and its multiple of the floor
+        assert re.search(rf"\n{re.escape(kind)} +100 KB +6 +8/8 +[\d.]+ ms .* - +{money} +[\d.]+ ms +{money}\n", text)
+
+    assert re.search(r"\nsigned, xml route +100 KB +6 +8/8 +[\d.]+ ms +[\d.]+ ms\n", text), text
 
     route = policies.route("swa-signed")
     data = os.urandom(100 * 1024)
@@ -372,6 +377,12 @@ def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -
     client = Client(route, ClientConfig(certs=pki))
     attachment_gateway.check(client, r.status_code, reply_type, r.content, "tampered", data)
     changed = bytes([data[0] ^ 1]) + data[1:]
+    floor = policies.route(attachment_gateway.PASS_THROUGH)
+    attachment_gateway.check_pass_through(floor, 200, reply_type, r.content, content_type, body)  # the same bytes
+    with pytest.raises(CheckFailed, match="changed"):  # the pass-through check refuses a changed echo too
+        attachment_gateway.check_pass_through(
+            floor, 200, reply_type, r.content, content_type, body.replace(data, changed)
+        )
     with pytest.raises(CheckFailed, match="reply refused"):
         attachment_gateway.check(
             client, r.status_code, reply_type, r.content.replace(data, changed), "tampered", changed

@@ -11,6 +11,7 @@ import pytest
 
 from filters.engine import faults
 from filters.engine.engine import Exchange, RoutePipeline, build_pipeline
+from filters.engine.mime import package as mime
 from filters.engine.pipeline import Outcome
 from filters.stores.factory import RouteStores
 from gateway.policy import Route
@@ -211,6 +212,24 @@ def test_the_boundary_inside_content_is_refused() -> None:
     # A reader that takes "--boundary" anywhere (not only after CRLF) would find a part the gateway did not.
     assert "boundary string inside content" in _refused(*_mtom(_att(body=b"data--" + B.encode() + b"\r\nmore")))
     assert "boundary string inside content" in _refused(*_mtom(_att(body=b"x\r\n--" + B.encode() + b"X\r\n")))
+
+
+@pytest.mark.parametrize("across", [0, 1, 9, len(B) + 1, len(B) + 2])
+def test_the_boundary_inside_content_across_the_search_window_edge_is_refused(across: int) -> None:
+    # The delimiter search reads the body in windows (mime/package.py): a boundary string split between two must
+    # be found as surely as one inside a window, in content and as a real delimiter.
+    dash = b"--" + B.encode()
+    _, probe = _mtom(_att(body=b"@" * 10))
+    content_at = probe.index(b"@" * 10)
+    # The search for the attachment's end starts right after its opening delimiter; its first window ends here.
+    edge = probe.index(dash, probe.index(dash) + 1) + len(dash) + mime._SEARCH_WINDOW
+    at = edge - len(dash) + across  # where the boundary string starts: `across` bytes of it past the edge
+    body = b"x" * (at - content_at) + dash + b"X\r\nmore"
+    assert _mtom(_att(body=body))[1].index(dash, content_at) == at
+    assert "boundary string inside content" in _refused(*_mtom(_att(body=body)))
+    delimiter_at = at - 2  # the real delimiter's CRLF and dashes straddle the edge
+    out = _request(*_mtom(_att(body=b"y" * (delimiter_at - content_at))))
+    assert out.body is None
 
 
 def test_delimiters_with_bare_lf_are_refused() -> None:

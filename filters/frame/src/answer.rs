@@ -85,8 +85,8 @@ impl Answer {
     }
 }
 
-/// A body's segments, each a read-only view of the Python object's memory kept alive (not copied) until Envoy's
-/// message is written. A writable buffer (a bytearray the engine decrypted into) is copied: it could change after
+/// A body's segments, each a read-only view of the Python object's memory kept alive (not copied) until HTTP/2 has
+/// sent Envoy's message. A writable buffer (a bytearray the engine decrypted into) is copied: it could change after
 /// it was measured.
 fn segments(body: &Bound<'_, PyAny>) -> PyResult<Vec<Bytes>> {
     let one = |b: Bound<'_, PyAny>| -> PyResult<Bytes> {

@@ -3,7 +3,7 @@
 //! answer.rs), made on this thread, or, for routes whose calls may wait on the network, on one of the engine's
 //! threads (threads.rs) with the stream handed over for the call while this thread serves the other exchanges.
 //! Bodies travel without copies (wire.rs): the engine reads the received bytes through a `Body` and answers with
-//! segments written straight to Envoy.
+//! segments handed to HTTP/2 as they are.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use prost::bytes::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status, Streaming};
 
 use crate::answer::{header, Answer, Body, Reply};
 use crate::budget::{Budget, Ticket};
@@ -62,7 +62,7 @@ pub type ResponseStream = Pin<Box<dyn futures_util::Stream<Item = Result<Outgoin
 
 impl Frame {
     /// Envoy's `Process` call: one stream per exchange (wire.rs serves it).
-    pub fn process(&self, request: Request<Streaming<Incoming>>) -> Response<ResponseStream> {
+    pub fn process(&self, request: Request<Streaming<Incoming>>) -> ResponseStream {
         let metadata = |name: &str| request.metadata().get(name).and_then(|v| v.to_str().ok());
         let route_name = metadata(ROUTE_METADATA).unwrap_or("");
         // In-flight exchanges keep the table they started with; a reload only changes new ones.
@@ -93,7 +93,7 @@ impl Frame {
                 }
             }
         });
-        Response::new(Box::pin(responses))
+        Box::pin(responses)
     }
 }
 

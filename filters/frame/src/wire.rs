@@ -1,24 +1,36 @@
 //! Envoy's ext_proc messages as the frame reads and writes them, without copying a body on the way.
 //!
 //! The generated `ExternalProcessorServer` decodes a body into a `Vec<u8>` (a copy out of tonic's receive buffer)
-//! and encodes a replaced body from one `Vec<u8>`. Here a body phase's body is decoded as a `Bytes` slice of
-//! tonic's buffer (prost's `bytes` fields split it off: no copy), and a replaced body is written into tonic's send
-//! buffer from its segments (the engine's new root part and slices of the body it was given): the encoded message
-//! is the only copy. Everything else is Envoy's own message types.
+//! and encodes a replaced body from one `Vec<u8>` into one contiguous send buffer. Here a body phase's body is
+//! decoded as a `Bytes` slice of tonic's buffer (prost's `bytes` fields split it off: no copy), and a replaced
+//! body goes to HTTP/2 as the chunks of its gRPC message (`Outgoing::chunks`): the message's head with the small
+//! segments copied in, each large segment (a slice of the body the engine was given) by reference. gRPC frames a
+//! message by its length, not by DATA frames, so Envoy reads the same bytes; the worker never holds the body
+//! twice (a 50 MB attachment on a route that rewrites the package: once, not received + encoded). Everything
+//! else is Envoy's own message types.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::{HeaderMutation, HttpHeaders, HttpTrailers, ProcessingResponse};
-use prost::bytes::{BufMut, Bytes};
+use http_body::Frame as HttpFrame;
+use prost::bytes::{BufMut, Bytes, BytesMut};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, message, WireType};
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{DecodeBuf, Decoder};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
-use tonic::server::{Grpc, NamedService, StreamingService};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::server::NamedService;
+use tonic::{Request, Status, Streaming};
 
 use crate::service::{Frame, ResponseStream};
+
+/// gRPC's message prefix: the compressed flag and the length.
+const GRPC_PREFIX: usize = 5;
+/// A replaced body's segments this long or longer go to HTTP/2 as they are; shorter ones are copied into the
+/// message's head (fewer, larger DATA frames for small answers).
+const BY_REFERENCE: usize = 64 * 1024;
 
 const PROCESS: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
 // ProcessingResponse's `request_body` and `response_body` (BodyResponse), and the fields inside them down to the
@@ -98,20 +110,47 @@ impl Outgoing {
         }
     }
 
-    fn write(self, dst: &mut impl BufMut) {
+    /// The gRPC message (its 5-byte prefix, then the protobuf) as the chunks HTTP/2 sends: one buffer holding all
+    /// but the segments of `BY_REFERENCE` bytes or more, which follow as they are (slices kept alive until sent).
+    pub fn chunks(self, max_message_bytes: usize) -> Result<VecDeque<Bytes>, Status> {
+        let len = self.encoded_len();
+        if len > max_message_bytes {
+            return Err(Status::out_of_range(format!("an answer of {len} bytes, over {max_message_bytes}")));
+        }
+        let len32 = u32::try_from(len).map_err(|_| Status::out_of_range("an answer over 4 GiB"))?;
         let (request, headers, body) = match self {
-            Outgoing::Message(m) => return m.encode(dst).expect("the send buffer grows"),
+            Outgoing::Message(m) => {
+                let mut buf = BytesMut::with_capacity(GRPC_PREFIX + len);
+                grpc_prefix(len32, &mut buf);
+                m.encode(&mut buf).expect("sized to the message");
+                return Ok(VecDeque::from([buf.freeze()]));
+            }
             Outgoing::Body { request, headers, body } => (request, headers, body),
         };
+        let by_reference: usize = body.iter().map(Bytes::len).filter(|&n| n >= BY_REFERENCE).sum();
+        let mut buf = BytesMut::with_capacity(GRPC_PREFIX + len - by_reference);
+        grpc_prefix(len32, &mut buf);
         let n = Nested::of(&headers, &body);
-        delimit(body_response_tag(request), n.body_response, dst);
-        delimit(COMMON, n.common, dst);
-        message::encode(HEADER_MUTATION, &headers, dst);
-        delimit(BODY_MUTATION, n.mutation, dst);
-        delimit(BODY, n.body, dst);
-        for segment in &body {
-            dst.put_slice(segment);
+        delimit(body_response_tag(request), n.body_response, &mut buf);
+        delimit(COMMON, n.common, &mut buf);
+        message::encode(HEADER_MUTATION, &headers, &mut buf);
+        delimit(BODY_MUTATION, n.mutation, &mut buf);
+        delimit(BODY, n.body, &mut buf);
+        let mut chunks = VecDeque::new();
+        for segment in body {
+            if segment.len() < BY_REFERENCE {
+                buf.put_slice(&segment);
+            } else {
+                if !buf.is_empty() {
+                    chunks.push_back(buf.split().freeze());
+                }
+                chunks.push_back(segment);
+            }
         }
+        if !buf.is_empty() {
+            chunks.push_back(buf.freeze());
+        }
+        Ok(chunks)
     }
 
     /// The message as Envoy's types have it (tests: the wire bytes are the same).
@@ -144,6 +183,11 @@ fn body_response_tag(request: bool) -> u32 {
     }
 }
 
+fn grpc_prefix(len: u32, dst: &mut impl BufMut) {
+    dst.put_u8(0); // not compressed
+    dst.put_u32(len);
+}
+
 fn delimited_len(tag: u32, len: usize) -> usize {
     key_len(tag) + encoded_len_varint(len as u64) + len
 }
@@ -153,35 +197,9 @@ fn delimit(tag: u32, len: usize, dst: &mut impl BufMut) {
     encode_varint(len as u64, dst);
 }
 
+/// The decoder of Envoy's messages (tonic's `Streaming` reads the gRPC framing).
 #[derive(Clone, Copy, Default)]
 pub struct Wire;
-
-impl Codec for Wire {
-    type Encode = Outgoing;
-    type Decode = Incoming;
-    type Encoder = Wire;
-    type Decoder = Wire;
-
-    fn encoder(&mut self) -> Wire {
-        Wire
-    }
-
-    fn decoder(&mut self) -> Wire {
-        Wire
-    }
-}
-
-impl Encoder for Wire {
-    type Item = Outgoing;
-    type Error = Status;
-
-    fn encode(&mut self, item: Outgoing, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        // Sized first: the send buffer grows once, not by copies as it doubles.
-        dst.reserve(item.encoded_len());
-        item.write(dst);
-        Ok(())
-    }
-}
 
 impl Decoder for Wire {
     type Item = Incoming;
@@ -209,16 +227,48 @@ impl NamedService for ExtProc {
     const NAME: &'static str = "envoy.service.ext_proc.v3.ExternalProcessor";
 }
 
-struct Process(Arc<Frame>);
+/// The response body of a `Process` call: each answer's chunks (`Outgoing::chunks`) as DATA, then the gRPC status
+/// as trailers (OK at the end of the exchange, else the error that ended it), as tonic's server writes them.
+struct Answers {
+    answers: ResponseStream,
+    chunks: VecDeque<Bytes>,
+    max_message_bytes: usize,
+    ended: bool,
+}
 
-impl StreamingService<Incoming> for Process {
-    type Response = Outgoing;
-    type ResponseStream = ResponseStream;
-    type Future = BoxFuture<Response<ResponseStream>, Status>;
+impl Body for Answers {
+    type Data = Bytes;
+    type Error = Status;
 
-    fn call(&mut self, request: Request<Streaming<Incoming>>) -> Self::Future {
-        let frame = self.0.clone();
-        Box::pin(async move { Ok(frame.process(request)) })
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<HttpFrame<Bytes>, Status>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(chunk) = this.chunks.pop_front() {
+                return Poll::Ready(Some(Ok(HttpFrame::data(chunk))));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            let status = match this.answers.as_mut().poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(answer))) => match answer.chunks(this.max_message_bytes) {
+                    Ok(chunks) => {
+                        this.chunks = chunks;
+                        continue;
+                    }
+                    Err(status) => status,
+                },
+                Poll::Ready(Some(Err(status))) => status,
+                Poll::Ready(None) => Status::ok(""),
+            };
+            this.ended = true;
+            let mut trailers = http::HeaderMap::new();
+            return Poll::Ready(Some(status.add_header(&mut trailers).map(|()| HttpFrame::trailers(trailers))));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.chunks.is_empty()
     }
 }
 
@@ -239,10 +289,25 @@ where
         if req.uri().path() != PROCESS {
             return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
         }
-        let (frame, max) = (self.frame.clone(), Some(self.max_message_bytes));
+        // Envoy compresses nothing unless told to; a compressed stream is refused as tonic refuses an encoding it
+        // was not given.
+        if req.headers().get("grpc-encoding").is_some_and(|e| e != "identity") {
+            return Box::pin(async { Ok(Status::unimplemented("grpc-encoding").into_http()) });
+        }
+        let (frame, max) = (self.frame.clone(), self.max_message_bytes);
         Box::pin(async move {
-            let mut grpc = Grpc::new(Wire).apply_max_message_size_config(max, max);
-            Ok(grpc.streaming(Process(frame), req).await)
+            let request = Request::from_http(req.map(|body| Streaming::new_request(Wire, body, None, Some(max))));
+            let answers = Answers {
+                answers: frame.process(request),
+                chunks: VecDeque::new(),
+                max_message_bytes: max,
+                ended: false,
+            };
+            let mut response = http::Response::new(tonic::body::Body::new(answers));
+            response
+                .headers_mut()
+                .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
+            Ok(response)
         })
     }
 }
@@ -254,21 +319,28 @@ mod tests {
     use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Req;
     use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingRequest;
 
+    /// The message as Envoy reads it: the chunks joined, the gRPC prefix checked and taken off.
     fn encoded(out: Outgoing) -> Vec<u8> {
         let len = out.encoded_len();
-        let mut v = Vec::new();
-        out.write(&mut v);
-        assert_eq!(v.len(), len, "the message is exactly as long as reserved");
-        v
+        let wire: Vec<u8> = out.chunks(usize::MAX).unwrap().iter().flat_map(|c| c.iter().copied()).collect();
+        assert_eq!(wire[0], 0, "not compressed");
+        assert_eq!(u32::from_be_bytes(wire[1..5].try_into().unwrap()) as usize, len);
+        assert_eq!(wire.len(), GRPC_PREFIX + len, "the message is exactly as long as its prefix says");
+        wire[GRPC_PREFIX..].to_vec()
     }
 
     #[test]
     fn a_body_written_from_segments_is_the_message_envoy_types_encode() {
         let big = Bytes::from(vec![7u8; 300]); // a length over one varint byte
+        let large = Bytes::from(vec![9u8; BY_REFERENCE + 1]); // sent by reference
         for request in [true, false] {
-            for body in
-                [vec![], vec![Bytes::from_static(b"root")], vec![Bytes::from_static(b"<r/>"), big.slice(3..290)]]
-            {
+            for body in [
+                vec![],
+                vec![Bytes::from_static(b"root")],
+                vec![Bytes::from_static(b"<r/>"), big.slice(3..290)],
+                vec![Bytes::from_static(b"<r/>"), large.clone(), big.clone(), large.slice(1..)],
+                vec![large.clone()],
+            ] {
                 let set_headers = vec![header("content-length", "291"), header("content-type", "multipart/related")];
                 let headers = HeaderMutation { set_headers, ..Default::default() };
                 let out = || Outgoing::Body { request, headers: headers.clone(), body: body.clone() };
@@ -278,6 +350,61 @@ mod tests {
                 assert_eq!(decoded, out().into_message());
             }
         }
+        let message = Outgoing::Message(Box::default());
+        assert_eq!(encoded(message), ProcessingResponse::default().encode_to_vec());
+    }
+
+    #[test]
+    fn a_large_segment_goes_to_envoy_as_it_is_not_copied_into_the_message() {
+        let large = Bytes::from(vec![9u8; 2 * BY_REFERENCE]);
+        let body = vec![Bytes::from_static(b"<root/>"), large.slice(BY_REFERENCE / 2..), Bytes::from_static(b"--b--")];
+        let out = Outgoing::Body { request: true, headers: HeaderMutation::default(), body };
+        let chunks = out.chunks(usize::MAX).unwrap();
+        assert_eq!(chunks.len(), 3, "the head with the root, the slice, the tail");
+        assert_eq!(chunks[1].as_ptr(), large[BY_REFERENCE / 2..].as_ptr(), "the very bytes the engine was given");
+        assert!(chunks[0].ends_with(b"<root/>") && chunks[2].as_ref() == b"--b--");
+    }
+
+    /// Every frame of an `Answers` body: the DATA chunks joined, then the trailers' grpc-status.
+    async fn frames(answers: Vec<Result<Outgoing, Status>>, max: usize) -> (Vec<u8>, String) {
+        let stream: ResponseStream = Box::pin(futures_util::stream::iter(answers));
+        let mut body = Answers { answers: stream, chunks: VecDeque::new(), max_message_bytes: max, ended: false };
+        let (mut data, mut status) = (Vec::new(), String::new());
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            match frame.unwrap().into_data() {
+                Ok(chunk) => data.extend_from_slice(&chunk),
+                Err(trailers) => status = trailers.into_trailers().unwrap()["grpc-status"].to_str().unwrap().into(),
+            }
+        }
+        assert!(body.is_end_stream());
+        (data, status)
+    }
+
+    #[tokio::test]
+    async fn answers_go_out_whole_and_in_order_then_the_status_as_trailers() {
+        let large = Bytes::from(vec![5u8; BY_REFERENCE]);
+        let body = |b: Vec<Bytes>| Outgoing::Body { request: true, headers: HeaderMutation::default(), body: b };
+        let first = body(vec![Bytes::from_static(b"<r/>"), large.clone()]);
+        let second = Outgoing::Message(Box::default());
+        let wire: Vec<u8> =
+            first.chunks(usize::MAX).unwrap().into_iter().chain(second.chunks(usize::MAX).unwrap()).flatten().collect();
+        let answers =
+            vec![Ok(body(vec![Bytes::from_static(b"<r/>"), large.clone()])), Ok(Outgoing::Message(Box::default()))];
+        assert_eq!(frames(answers, usize::MAX).await, (wire.clone(), "0".into()));
+        // An error ends the exchange with its status; an answer over the limit is never sent, only its status.
+        let failed = vec![Ok(Outgoing::Message(Box::default())), Err(Status::internal("x"))];
+        let wire_first: Vec<u8> =
+            Outgoing::Message(Box::default()).chunks(usize::MAX).unwrap().into_iter().flatten().collect();
+        assert_eq!(frames(failed, usize::MAX).await, (wire_first, (tonic::Code::Internal as i32).to_string()));
+        let over = vec![Ok(body(vec![large]))];
+        assert_eq!(frames(over, 100).await, (Vec::new(), (tonic::Code::OutOfRange as i32).to_string()));
+    }
+
+    #[test]
+    fn an_answer_over_the_message_limit_is_an_error_not_sent() {
+        let body = vec![Bytes::from(vec![1u8; 1000])];
+        let out = Outgoing::Body { request: false, headers: HeaderMutation::default(), body };
+        assert_eq!(out.chunks(999).unwrap_err().code(), tonic::Code::OutOfRange);
     }
 
     #[test]
