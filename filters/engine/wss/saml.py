@@ -46,9 +46,6 @@ METHODS = {
 }
 ENVELOPED = xmlsec.Transform.ENVELOPED.href
 EXC_C14N = xmlsec.Transform.EXCL_C14N.href
-_ANY_ID = etree.XPath(
-    "//@*[(local-name()='Id' or local-name()='ID' or local-name()='id' or local-name()='AssertionID') and .=$v]"
-)
 # Set on the assertion's ds:Signature for the C14N that cuts it out (_enveloped): no namespace, so no declaration.
 _ENVELOPED_MARK = "wsgate-enveloped-signature"
 _ENVELOPED_MARKER = f' {_ENVELOPED_MARK}=""'.encode()
@@ -119,7 +116,8 @@ class Validator:
         self.issuers = issuers
         self.attesting = list(attesting)
 
-    def verify(self, el: etree._Element, root: etree._Element, now: datetime) -> Assertion:
+    def verify(self, el: etree._Element, index: Mapping[str, etree._Element], now: datetime) -> Assertion:
+        """`index`: signature.id_index of the whole document as it is now (every id value, each on one element)."""
         version = ASSERTIONS[el.tag]
         if version not in self.policy.versions:
             raise invalid(f"SAML {version} is not taken on this route")
@@ -136,7 +134,7 @@ class Validator:
         issuer = self.issuers.get(issuer_name or "")
         if issuer is None:
             raise refused(f"issuer {(issuer_name or '')[:120]!r} is not trusted on this route")
-        _check_signature(el, assertion_id, id_attr, root, issuer, self.policy, now)
+        _check_signature(el, assertion_id, id_attr, index, issuer, self.policy, now)
         fields = read(el)
         self._check_time(fields, now)
         confirmations = tuple(
@@ -233,7 +231,7 @@ def _check_signature(
     el: etree._Element,
     assertion_id: str,
     id_attr: str,
-    root: etree._Element,
+    index: Mapping[str, etree._Element],
     issuer: Issuer,
     policy: SamlPolicy,
     now: datetime,
@@ -272,8 +270,9 @@ def _check_signature(
     digests = {signature.DIGEST_METHODS[d].href: signature.DIGEST_METHODS[d] for d in policy.digests}
     if ref_parts[1].get("Algorithm") not in digests or _elements(ref_parts[1]):
         raise faults.security("UnsupportedAlgorithm", "SAML assertion: digest method not allowed")
-    # The reference resolves to this element and no other: one carrier of the ID in the whole document.
-    if len(_ANY_ID(root, v=assertion_id)) != 1:
+    # The reference resolves to this element and no other: one carrier of the ID in the whole document (any Id, ID,
+    # id or AssertionID: id_index refuses a document where two elements share an id value).
+    if index.get(assertion_id) is not el:
         raise invalid(f"ID {assertion_id[:80]!r} is carried by more than one element")
     candidates = list(issuer.certificates)
     if issuer.trust is not None:
