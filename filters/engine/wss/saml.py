@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,7 +48,6 @@ EXC_C14N = xmlsec.Transform.EXCL_C14N.href
 # Set on the assertion's ds:Signature for the C14N that cuts it out (_enveloped): no namespace, so no declaration.
 _ENVELOPED_MARK = "wsgate-enveloped-signature"
 _ENVELOPED_MARKER = f' {_ENVELOPED_MARK}=""'.encode()
-_TAGS = re.compile(rb"<(/?)")  # a start or an end tag of a canonical form
 # Header values: printable ASCII; anything else (control characters first: no header splitting) percent-encoded.
 _HEADER_SAFE = frozenset(chr(c) for c in range(0x20, 0x7F)) - {"%", ","}
 
@@ -328,9 +326,10 @@ def _enveloped(el: etree._Element, sig: etree._Element, prefixes: Sequence[str])
     """The octets of the enveloped-signature transform then exclusive C14N of `el` (`prefixes`: its PrefixList):
     the canonical form of `el` with that of `sig`, its own child, cut out (exclusive C14N renders an element the
     same whatever follows or precedes it, and the text around `sig` stays). No copy of the tree: `sig` carries a
-    marker attribute for the one C14N, which finds where its canonical form starts; it ends where its depth of
-    tags closes (in canonical form, '<' is only ever a tag's: text and attribute values escape it, comments are
-    left out and a processing instruction, refused by threat protection, makes this None). None where the cut
+    marker attribute for the one C14N, which finds where its canonical form starts; it ends with the first end tag
+    of its name that closes it, counting tags (in canonical form, '<' is only ever a tag's: text and attribute
+    values escape it, comments are left out and a processing instruction, refused by threat protection, makes
+    this None). None where the cut
     is not certain (the marker's name taken, or found twice): xmlsec then."""
     if sig.get(_ENVELOPED_MARK) is not None:
         return None
@@ -344,11 +343,13 @@ def _enveloped(el: etree._Element, sig: etree._Element, prefixes: Sequence[str])
     if at < 0 or out.find(_ENVELOPED_MARKER, at + 1) >= 0 or b"<?" in out:
         return None
     start = out.rfind(b"<", 0, at)  # sig's start tag: nothing before the marker in it can hold '<'
-    depth = 0
-    for tag in _TAGS.finditer(out, start):
-        depth += -1 if tag.group(1) else 1
-        if depth == 0:
-            return out[:start] + out[out.index(b">", tag.end()) + 1 :]
+    close = b"</" + out[start + 1 : out.index(b" ", start)] + b">"  # its name is followed by attributes
+    end = out.find(close, start)
+    while end >= 0:  # the end tag of its name where only sig is still open: every '<' between opens or closes
+        closes = out.count(b"</", start, end)
+        if out.count(b"<", start, end) == 2 * closes + 1:
+            return out[:start] + out[end + len(close) :]
+        end = out.find(close, end + 1)
     return None
 
 

@@ -629,6 +629,11 @@ def _str_token(st: _State, str_el: etree._Element) -> etree._Element:
     return a.element
 
 
+def _read_before(st: _State, el: etree._Element) -> bool:
+    """A token read before the walk (BinarySecurityTokens, SecurityContextTokens): nothing to do in it."""
+    return False
+
+
 def _ids(st: _State) -> dict[str, etree._Element]:
     """Every id value of the document -> its element (signature.id_index), one walk of the whole document for the
     assertion's and the signature's checks while no handler changed the tree in between."""
@@ -676,7 +681,7 @@ def _encrypted_data(st: _State, ed: etree._Element) -> bool:
 _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
     TIMESTAMP: _timestamp,
     USERNAME_TOKEN: _username_token,
-    BST: lambda st, el: False,  # registered before the walk
+    BST: _read_before,  # registered before the walk
     ENCRYPTED_KEY: _encrypted_key,
     REFERENCE_LIST: _reference_list,
     SIGNATURE: _signature,
@@ -686,11 +691,11 @@ _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
     saml.ENCRYPTED_ASSERTION: _encrypted_assertion,
     saml.STR: _assertion_reference,
     # A SecurityContextToken is read with the header (header_scts), when a DerivedKeyToken names it.
-    **{ns.q(v.wsc, "SecurityContextToken"): (lambda st, el: False) for v in sc.VERSIONS},
+    **{ns.q(v.wsc, "SecurityContextToken"): _read_before for v in sc.VERSIONS},
     **{ns.q(v.wsc, "DerivedKeyToken"): _derived_key_token for v in sc.VERSIONS},
 }
 # Handlers that never change the tree (no decryption, nothing moved): the id index made before them still holds.
-_KEEP_TREE = {_timestamp, _signature, _assertion, _assertion_reference}
+_KEEP_TREE = {_timestamp, _signature, _assertion, _assertion_reference, _read_before}
 
 
 def _check_requirements(st: _State) -> None:
