@@ -45,6 +45,11 @@ METHODS = {
 }
 ENVELOPED = xmlsec.Transform.ENVELOPED.href
 EXC_C14N = xmlsec.Transform.EXCL_C14N.href
+# The issuer's signature, element by element (ds: names only).
+_SIGNATURE_PARTS = [[ns.q(ns.DS, n) for n in names] for names in
+                    (("SignedInfo", "SignatureValue"), ("SignedInfo", "SignatureValue", "KeyInfo"))]  # fmt: skip
+_SIGNED_INFO_PARTS = [ns.q(ns.DS, n) for n in ("CanonicalizationMethod", "SignatureMethod", "Reference")]
+_REFERENCE_PARTS = [ns.q(ns.DS, n) for n in ("Transforms", "DigestMethod", "DigestValue")]
 # Set on the assertion's ds:Signature for the C14N that cuts it out (_enveloped): no namespace, so no declaration.
 _ENVELOPED_MARK = "wsgate-enveloped-signature"
 _ENVELOPED_MARKER = f' {_ENVELOPED_MARK}=""'.encode()
@@ -242,11 +247,10 @@ def _check_signature(
     if forbidden is not None:
         raise invalid(f"{signature.FORBIDDEN[forbidden.tag]} in its signature")
     parts = _elements(sig)
-    tags = [etree.QName(p).localname for p in parts]
-    if tags not in (["SignedInfo", "SignatureValue"], ["SignedInfo", "SignatureValue", "KeyInfo"]):
+    if [p.tag for p in parts] not in _SIGNATURE_PARTS:
         raise invalid("ds:Signature must hold SignedInfo, SignatureValue and KeyInfo only")
     info = _elements(parts[0])
-    if [etree.QName(i).localname for i in info] != ["CanonicalizationMethod", "SignatureMethod", "Reference"]:
+    if [i.tag for i in info] != _SIGNED_INFO_PARTS:
         raise invalid("its signature must have exactly one Reference")
     c14n_method, sig_method, ref = info
     if c14n_method.get("Algorithm") != EXC_C14N or not _c14n_params_ok(c14n_method):
@@ -258,7 +262,7 @@ def _check_signature(
     if ref.get("URI") != f"#{assertion_id}":
         raise invalid("its signature does not reference the assertion itself")
     ref_parts = _elements(ref)
-    if [etree.QName(p).localname for p in ref_parts] != ["Transforms", "DigestMethod", "DigestValue"]:
+    if [p.tag for p in ref_parts] != _REFERENCE_PARTS:
         raise invalid("Reference is not Transforms, DigestMethod, DigestValue")
     transforms = _elements(ref_parts[0])
     if [t.get("Algorithm") for t in transforms] != [ENVELOPED, EXC_C14N] or _elements(transforms[0]):
