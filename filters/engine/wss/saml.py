@@ -556,6 +556,8 @@ def _header_value(value: str, limit: int, what: str) -> str:
 
 def _percent(value: str, keep: frozenset[str]) -> str:
     """Percent-encoding (of the UTF-8 bytes) of every character not in `keep`."""
+    if keep.issuperset(value):  # the usual value, nothing to encode: one pass in C
+        return value
     return "".join(c if c in keep else "".join(f"%{b:02X}" for b in c.encode()) for c in value)
 
 
