@@ -301,7 +301,7 @@ def _verify_direct(
 ) -> bool:
     """The issuer's signature (its shape checked by _check_signature) computed here, as signature.verify's direct
     path does for a message: the assertion's digest (enveloped-signature, exclusive C14N: `_enveloped`), then the
-    SignatureValue over the canonical SignedInfo with a candidate's cached key. True when both match; False sends
+    SignatureValue over the canonical SignedInfo with a candidate's key. True when both match; False sends
     the signature to xmlsec, which decides: a PrefixList naming the default namespace, a form `_enveloped` cannot
     cut, or a signature that does not verify this way."""
     info, signature_value = _elements(sig)[:2]
@@ -333,8 +333,7 @@ def _enveloped(el: etree._Element, sig: etree._Element, prefixes: Sequence[str])
     marker attribute for the one C14N, which finds where its canonical form starts; it ends with the first end tag
     of its name that closes it, counting tags (in canonical form, '<' is only ever a tag's: text and attribute
     values escape it, comments are left out and a processing instruction, refused by threat protection, makes
-    this None). None where the cut
-    is not certain (the marker's name taken, or found twice): xmlsec then."""
+    this None). None where the cut is not certain (the marker's name taken, or found twice): xmlsec then."""
     if sig.get(_ENVELOPED_MARK) is not None:
         return None
     sig.set(_ENVELOPED_MARK, "")
