@@ -6,6 +6,7 @@
   its replies verified; the message factory's check refuses a replay and a wrong reply;
 - loadtest/optimizations.py: a tiny run prints every row, with the hit rates the traffic implies;
 - loadtest/engine_cpu.py: a tiny run gives every secured profile its row beside WSS4J's, measured in the same run;
+- loadtest/saml_cost.py: a tiny run gives rsa and both saml profiles their row and ratio, and --only runs one;
 - loadtest/attachment_gateway.py: a tiny run sends SwA requests through the gateway, every reply verified."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from loadtest import (
     exchange_profile,
     large,
     optimizations,
+    saml_cost,
 )
 from loadtest.messages import PROFILES, CheckFailed, Factory
 from tests.support.harness import GatewayFactory, LiveGateway
@@ -259,6 +261,16 @@ def test_exchange_profile_smoke(pki: Path) -> None:
     out = io.StringIO()
     exchange_profile.report_stages(rows, out)
     assert out.getvalue().splitlines()[-1].startswith("hmac-encrypted small")
+
+
+def test_saml_cost_smoke(pki: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """rsa and both saml profiles measured interleaved, each with its ratio to rsa; --only runs one profile."""
+    us = saml_cost.interleaved(optimizations.bench_policies(pki), pki, 3)
+    assert list(us) == list(saml_cost.COMPARED) and all(v > 0 for v in us.values())
+    out = saml_cost.report(us)
+    assert all(f"{p} " in out for p in saml_cost.COMPARED) and "1.00x rsa" in out
+    saml_cost.main(["--only", "saml-holder-of-key", "--count", "2", "--certs", str(pki)])
+    assert capsys.readouterr().out == ""
 
 
 def test_optimizations_smoke(pki: Path) -> None:

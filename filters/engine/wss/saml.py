@@ -14,6 +14,8 @@ C14N without comments ignores them), CDATA is merged by the parser, a child elem
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,7 +28,7 @@ from lxml import etree
 from filters.engine import faults, ns
 from filters.engine.wss import keys, signature
 from filters.engine.wss.timestamp import parse_datetime
-from filters.engine.xml import values
+from filters.engine.xml import c14n, values
 from gateway.policy import SamlPolicy
 
 ASSERTION2 = ns.q(ns.SAML2, "Assertion")
@@ -43,9 +45,14 @@ METHODS = {
 }
 ENVELOPED = xmlsec.Transform.ENVELOPED.href
 EXC_C14N = xmlsec.Transform.EXCL_C14N.href
-_ANY_ID = etree.XPath(
-    "//@*[(local-name()='Id' or local-name()='ID' or local-name()='id' or local-name()='AssertionID') and .=$v]"
-)
+# The issuer's signature, element by element (ds: names only).
+_SIGNATURE_PARTS = [[ns.q(ns.DS, n) for n in names] for names in
+                    (("SignedInfo", "SignatureValue"), ("SignedInfo", "SignatureValue", "KeyInfo"))]  # fmt: skip
+_SIGNED_INFO_PARTS = [ns.q(ns.DS, n) for n in ("CanonicalizationMethod", "SignatureMethod", "Reference")]
+_REFERENCE_PARTS = [ns.q(ns.DS, n) for n in ("Transforms", "DigestMethod", "DigestValue")]
+# Set on the assertion's ds:Signature for the C14N that cuts it out (_enveloped): no namespace, so no declaration.
+_ENVELOPED_MARK = "wsgate-enveloped-signature"
+_ENVELOPED_MARKER = f' {_ENVELOPED_MARK}=""'.encode()
 # Header values: printable ASCII; anything else (control characters first: no header splitting) percent-encoded.
 _HEADER_SAFE = frozenset(chr(c) for c in range(0x20, 0x7F)) - {"%", ","}
 
@@ -112,7 +119,8 @@ class Validator:
         self.issuers = issuers
         self.attesting = list(attesting)
 
-    def verify(self, el: etree._Element, root: etree._Element, now: datetime) -> Assertion:
+    def verify(self, el: etree._Element, index: Mapping[str, etree._Element], now: datetime) -> Assertion:
+        """`index`: signature.id_index of the whole document as it is now (every id value, each on one element)."""
         version = ASSERTIONS[el.tag]
         if version not in self.policy.versions:
             raise invalid(f"SAML {version} is not taken on this route")
@@ -129,7 +137,7 @@ class Validator:
         issuer = self.issuers.get(issuer_name or "")
         if issuer is None:
             raise refused(f"issuer {(issuer_name or '')[:120]!r} is not trusted on this route")
-        _check_signature(el, assertion_id, id_attr, root, issuer, self.policy, now)
+        _check_signature(el, assertion_id, id_attr, index, issuer, self.policy, now)
         fields = read(el)
         self._check_time(fields, now)
         confirmations = tuple(
@@ -226,7 +234,7 @@ def _check_signature(
     el: etree._Element,
     assertion_id: str,
     id_attr: str,
-    root: etree._Element,
+    index: Mapping[str, etree._Element],
     issuer: Issuer,
     policy: SamlPolicy,
     now: datetime,
@@ -239,11 +247,10 @@ def _check_signature(
     if forbidden is not None:
         raise invalid(f"{signature.FORBIDDEN[forbidden.tag]} in its signature")
     parts = _elements(sig)
-    tags = [etree.QName(p).localname for p in parts]
-    if tags not in (["SignedInfo", "SignatureValue"], ["SignedInfo", "SignatureValue", "KeyInfo"]):
+    if [p.tag for p in parts] not in _SIGNATURE_PARTS:
         raise invalid("ds:Signature must hold SignedInfo, SignatureValue and KeyInfo only")
     info = _elements(parts[0])
-    if [etree.QName(i).localname for i in info] != ["CanonicalizationMethod", "SignatureMethod", "Reference"]:
+    if [i.tag for i in info] != _SIGNED_INFO_PARTS:
         raise invalid("its signature must have exactly one Reference")
     c14n_method, sig_method, ref = info
     if c14n_method.get("Algorithm") != EXC_C14N or not _c14n_params_ok(c14n_method):
@@ -255,7 +262,7 @@ def _check_signature(
     if ref.get("URI") != f"#{assertion_id}":
         raise invalid("its signature does not reference the assertion itself")
     ref_parts = _elements(ref)
-    if [etree.QName(p).localname for p in ref_parts] != ["Transforms", "DigestMethod", "DigestValue"]:
+    if [p.tag for p in ref_parts] != _REFERENCE_PARTS:
         raise invalid("Reference is not Transforms, DigestMethod, DigestValue")
     transforms = _elements(ref_parts[0])
     if [t.get("Algorithm") for t in transforms] != [ENVELOPED, EXC_C14N] or _elements(transforms[0]):
@@ -265,14 +272,18 @@ def _check_signature(
     digests = {signature.DIGEST_METHODS[d].href: signature.DIGEST_METHODS[d] for d in policy.digests}
     if ref_parts[1].get("Algorithm") not in digests or _elements(ref_parts[1]):
         raise faults.security("UnsupportedAlgorithm", "SAML assertion: digest method not allowed")
-    # The reference resolves to this element and no other: one carrier of the ID in the whole document.
-    if len(_ANY_ID(root, v=assertion_id)) != 1:
+    # The reference resolves to this element and no other: one carrier of the ID in the whole document (any Id, ID,
+    # id or AssertionID: id_index refuses a document where two elements share an id value).
+    if index.get(assertion_id) is not el:
         raise invalid(f"ID {assertion_id[:80]!r} is carried by more than one element")
     candidates = list(issuer.certificates)
     if issuer.trust is not None:
         cert = _key_info_certificate(parts[2] if len(parts) == 3 else None)
         issuer.trust.validate(cert, [], now)  # FailedAuthentication when no anchor vouches for it
         candidates = [cert]
+    if _verify_direct(el, sig, algorithm, candidates):
+        return
+    # Not in the direct shape, or not verified that way: xmlsec's full verification decides (and says why).
     method = signature.SIGNATURE_METHODS[algorithm]
     for cert in candidates:
         ctx = signature._context(signature._certificate_key(cert), method, list(digests.values()))
@@ -283,6 +294,66 @@ def _check_signature(
         except xmlsec.Error:
             continue
     raise faults.security("FailedCheck", "SAML assertion: the issuer's signature does not verify")
+
+
+def _verify_direct(
+    el: etree._Element, sig: etree._Element, algorithm: str, candidates: Sequence[x509.Certificate]
+) -> bool:
+    """The issuer's signature (its shape checked by _check_signature) computed here, as signature.verify's direct
+    path does for a message: the assertion's digest (enveloped-signature, exclusive C14N: `_enveloped`), then the
+    SignatureValue over the canonical SignedInfo with a candidate's key. True when both match; False sends
+    the signature to xmlsec, which decides: a PrefixList naming the default namespace, a form `_enveloped` cannot
+    cut, or a signature that does not verify this way."""
+    info, signature_value = _elements(sig)[:2]
+    c14n_method, _, ref = _elements(info)
+    transforms, digest_method, digest_value = _elements(ref)
+    info_prefixes = signature._exclusive_prefixes(c14n_method)
+    prefixes = signature._exclusive_prefixes(_elements(transforms)[1])
+    if info_prefixes is None or prefixes is None:
+        return False
+    signed = _enveloped(el, sig, prefixes)
+    if signed is None:
+        return False
+    try:
+        expected = values.base64_bytes(digest_value, "ds:DigestValue")
+        value = values.base64_bytes(signature_value, "ds:SignatureValue")
+    except faults.Fault:
+        return False
+    digest = hashlib.new(signature.DIGEST_NAMES[digest_method.get("Algorithm") or ""], signed).digest()
+    if not hmac.compare_digest(digest, expected):
+        return False
+    signed_info = c14n.canonical(info, info_prefixes)
+    return any(signature._signature_matches(signed_info, cert, algorithm, value) for cert in candidates)
+
+
+def _enveloped(el: etree._Element, sig: etree._Element, prefixes: Sequence[str]) -> bytes | None:
+    """The octets of the enveloped-signature transform then exclusive C14N of `el` (`prefixes`: its PrefixList):
+    the canonical form of `el` with that of `sig`, its own child, cut out (exclusive C14N renders an element the
+    same whatever follows or precedes it, and the text around `sig` stays). No copy of the tree: `sig` carries a
+    marker attribute for the one C14N, which finds where its canonical form starts; it ends with the first end tag
+    of its name that closes it, counting tags (in canonical form, '<' is only ever a tag's: text and attribute
+    values escape it, comments are left out and a processing instruction, refused by threat protection, makes
+    this None). None where the cut is not certain (the marker's name taken, or found twice): xmlsec then."""
+    if sig.get(_ENVELOPED_MARK) is not None:
+        return None
+    sig.set(_ENVELOPED_MARK, "")
+    try:
+        out = c14n.canonical(el, prefixes)
+    finally:
+        del sig.attrib[_ENVELOPED_MARK]
+    # An attribute value escapes '"', so ` name=""` is an attribute or text: found once, it is the marker.
+    at = out.find(_ENVELOPED_MARKER)
+    if at < 0 or out.find(_ENVELOPED_MARKER, at + 1) >= 0 or b"<?" in out:
+        return None
+    start = out.rfind(b"<", 0, at)  # sig's start tag: nothing before the marker in it can hold '<'
+    close = b"</" + out[start + 1 : out.index(b" ", start)] + b">"  # its name is followed by attributes
+    end = out.find(close, start)
+    while end >= 0:  # the end tag of its name where only sig is still open: every '<' between opens or closes
+        closes = out.count(b"</", start, end)
+        if out.count(b"<", start, end) == 2 * closes + 1:
+            return out[:start] + out[end + len(close) :]
+        end = out.find(close, end + 1)
+    return None
 
 
 def _c14n_params_ok(method: etree._Element) -> bool:
@@ -484,6 +555,8 @@ def _header_value(value: str, limit: int, what: str) -> str:
 
 def _percent(value: str, keep: frozenset[str]) -> str:
     """Percent-encoding (of the UTF-8 bytes) of every character not in `keep`."""
+    if keep.issuperset(value):  # the usual value, nothing to encode: one pass in C
+        return value
     return "".join(c if c in keep else "".join(f"%{b:02X}" for b in c.encode()) for c in value)
 
 

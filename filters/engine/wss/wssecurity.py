@@ -149,6 +149,8 @@ class _State:
     cbc_keys_used: list[bytes] = field(default_factory=list)  # keys that decrypted CBC (once per message)
     scts: dict[str, sc.Sct] = field(default_factory=dict)
     resolve: sc.SctResolver | None = None  # the message's one resolver: each context looked up once
+    # signature.id_index of the document as it is now: made once, forgotten by any handler that may change the tree.
+    index: dict[str, etree._Element] | None = None
     signatures: int = 0
     signature: etree._Element | None = None  # the one ds:Signature, once verified
     timestamp: etree._Element | None = None  # the wsu:Timestamp, to tell whether it was signed
@@ -200,6 +202,8 @@ def process(
         if handler is None:
             raise faults.security("InvalidSecurity", f"unsupported security header element {child.tag[:120]}")
         replaced = handler(st, child)
+        if handler not in _KEEP_TREE:
+            st.index = None
         # A decrypted header token takes the place of its EncryptedData: read it next.
         if not replaced:
             i += 1
@@ -530,7 +534,7 @@ def _assertion(st: _State, el: etree._Element) -> bool:
         raise faults.security("InvalidSecurity", "SAML assertion on a route that takes none")
     if st.out.assertion is not None:
         raise faults.security("InvalidSecurity", "more than one SAML assertion")
-    st.out.assertion = st.creds.saml.verify(el, st.env.root, st.now)
+    st.out.assertion = st.creds.saml.verify(el, _ids(st), st.now)
     return False
 
 
@@ -574,7 +578,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     if key_info is None:
         raise faults.security("SecurityTokenUnavailable", "ds:Signature without ds:KeyInfo")
     # One walk of the document for its ids, here and in signature.verify: nothing changes the tree in between.
-    index = signature.id_index(st.env.root)
+    index = _ids(st)
     ref = _named_key(st, keys.parse_key_info(key_info), index)
     holder = _holder_key(st, ref)
     secret = _resolve_secret(st, ref) if holder is None else None
@@ -625,6 +629,19 @@ def _str_token(st: _State, str_el: etree._Element) -> etree._Element:
     return a.element
 
 
+def _read_before(st: _State, el: etree._Element) -> bool:
+    """A token read before the walk (BinarySecurityTokens, SecurityContextTokens): nothing to do in it."""
+    return False
+
+
+def _ids(st: _State) -> dict[str, etree._Element]:
+    """Every id value of the document -> its element (signature.id_index), one walk of the whole document for the
+    assertion's and the signature's checks while no handler changed the tree in between."""
+    if st.index is None:
+        st.index = signature.id_index(st.env.root)
+    return st.index
+
+
 def _reply_reference(st: _State, ref: keys.KeyRef, secret: bytes) -> keys.KeyRef:
     """How to name a symmetric key back to its sender: by EncryptedKeySHA1 for a key it sent us encrypted."""
     if ref.kind == "reference":
@@ -664,7 +681,7 @@ def _encrypted_data(st: _State, ed: etree._Element) -> bool:
 _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
     TIMESTAMP: _timestamp,
     USERNAME_TOKEN: _username_token,
-    BST: lambda st, el: False,  # registered before the walk
+    BST: _read_before,  # registered before the walk
     ENCRYPTED_KEY: _encrypted_key,
     REFERENCE_LIST: _reference_list,
     SIGNATURE: _signature,
@@ -674,9 +691,11 @@ _PROCESSORS: dict[str, Callable[[_State, etree._Element], bool]] = {
     saml.ENCRYPTED_ASSERTION: _encrypted_assertion,
     saml.STR: _assertion_reference,
     # A SecurityContextToken is read with the header (header_scts), when a DerivedKeyToken names it.
-    **{ns.q(v.wsc, "SecurityContextToken"): (lambda st, el: False) for v in sc.VERSIONS},
+    **{ns.q(v.wsc, "SecurityContextToken"): _read_before for v in sc.VERSIONS},
     **{ns.q(v.wsc, "DerivedKeyToken"): _derived_key_token for v in sc.VERSIONS},
 }
+# Handlers that never change the tree (no decryption, nothing moved): the id index made before them still holds.
+_KEEP_TREE = {_timestamp, _signature, _assertion, _assertion_reference, _read_before}
 
 
 def _check_requirements(st: _State) -> None:
