@@ -100,7 +100,6 @@ class Answer:
     headers: list[tuple[str, str]]
     in_flight: Any
     replay: ReplayCheck | None
-    elsewhere: bool  # no answer: make the call again where it may wait on the network
     @staticmethod
     def forward(
         body: _Segments | None, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
@@ -110,7 +109,7 @@ class Answer:
         status: int, body: _Segments, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
     ) -> Answer: ...
     @staticmethod
-    def elsewhere(in_flight: Any) -> Answer: ...
+    def elsewhere(in_flight: Any) -> Answer: ...  # no answer: make the call again where it may wait on the network
 
 def serve(
     worker: _Worker,

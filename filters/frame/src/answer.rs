@@ -34,8 +34,7 @@ pub struct Answer {
     #[pyo3(get)]
     replay: Option<Py<ReplayCheck>>,
     /// No answer: the call was about to wait on the network where it may not, and must be made again on an engine
-    /// thread (filters/engine/turn.py).
-    #[pyo3(get)]
+    /// thread (filters/engine/turn.py). Read by the frame only (`Answer.elsewhere` makes one).
     pub elsewhere: bool,
 }
 

@@ -107,6 +107,9 @@ enum Step {
     Elsewhere,            // the engine call must be made again on an engine thread (it is about to wait)
 }
 
+/// The engine's answer to a body phase, with its replay check if any.
+type Called = (Reply, Option<Py<ReplayCheck>>);
+
 struct Check {
     request: bool,
     replay: Py<ReplayCheck>, // frozen: read off the Python thread
@@ -285,13 +288,7 @@ impl Stream {
     /// was). Its replay check, if any, is made before the answer goes out (`settle`). A failure of the call itself
     /// (the worker catches the engine's errors) or anything but an `Answer` is printed and answered with a generic
     /// fault: fail closed.
-    fn call_engine(
-        &mut self,
-        py: Python<'_>,
-        phase: &str,
-        body: Bytes,
-        may_wait: bool,
-    ) -> Result<Option<(Reply, Option<Py<ReplayCheck>>)>, ()> {
+    fn call_engine(&mut self, py: Python<'_>, phase: &str, body: Bytes, may_wait: bool) -> Result<Option<Called>, ()> {
         let result = (|| -> PyResult<_> {
             let headers = PyDict::new(py);
             for (k, v) in &self.headers {
