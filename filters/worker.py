@@ -103,9 +103,10 @@ class _Refused(Exception):
 
 class Worker:
     """What the frame calls back: `handle` per body phase, `refused` per refusal of its own, `replay_refused` when
-    its replay check refuses, `reload` on SIGHUP, `ready` once it listens. `handle` comes from the frame's
-    engine threads, the others from its gRPC thread; each but `refused` and `ready` (a log line, counters, a
-    file) holds the engine's turn: one at a time, as the engine is written (filters/engine/turn.py)."""
+    its replay check refuses, `reload` on SIGHUP, `ready` once it listens. `handle` comes from the frame's gRPC
+    thread or, for a call that may wait on the network, its engine threads; the others from its gRPC thread; each
+    but `refused` and `ready` (a log line, counters, a file) holds the engine's turn: one at a time, as the engine
+    is written (filters/engine/turn.py)."""
 
     def __init__(self, policies_dir: Path, budget_bytes: int, ready_file: Path | None = None) -> None:
         self.policies_dir = policies_dir
@@ -185,13 +186,24 @@ class Worker:
         log.warning("refused route=%s phase=%s code=%s reason=%s", route_name, phase, reason, fault.reason)
 
     def handle(
-        self, route_name: str, phase: str, body: Body | bytes, headers: dict[str, str], in_flight: InFlight | None
+        self,
+        route_name: str,
+        phase: str,
+        body: Body | bytes,
+        headers: dict[str, str],
+        in_flight: InFlight | None,
+        may_wait: bool = True,
     ) -> Answer:
         """The one call from the frame into the engine, with the phase's headers (the request's, or the
         response's). Never raises: a fault is an answer, and so is a bug (a generic fault: fail closed, the
-        traceback only in the log)."""
-        with turn.held():
-            return self._phase(route_name, phase, body, headers, in_flight)
+        traceback only in the log). On the frame's gRPC thread (`may_wait` False) a call about to wait on the
+        network answers `elsewhere` instead, before the wait, and the frame makes it again on an engine thread
+        (filters/engine/turn.py); nothing of the first run is kept (a request's in-flight record is made anew)."""
+        with turn.held(may_wait):
+            try:
+                return self._phase(route_name, phase, body, headers, in_flight)
+            except turn.WouldWait:
+                return Answer.elsewhere(in_flight)
 
     def _phase(
         self, route_name: str, phase: str, body: Body | bytes, headers: dict[str, str], in_flight: InFlight | None
@@ -294,11 +306,12 @@ class Worker:
 
 
 def waits_on_network(route: RoutePolicy) -> bool:
-    """Whether the engine's calls on this route may wait on the network, giving up the engine's turn meanwhile
-    (turn.released): the partner STS of an outbound secureconversation route, an OCSP responder. The frame runs
-    only those on its engine threads."""
-    outbound_sc = route.outbound is not None and route.profile == "secureconversation"
-    return outbound_sc or route.rsa.revocation.mode in ("ocsp", "both")
+    """Whether the engine's calls on this route may wait on the network after a step a second run could not redo:
+    an OCSP lookup comes in the middle of a Security header, after its replay keys may have been claimed (a CBC
+    EncryptedKey, a nonce in a memory store). The frame makes these calls on its engine threads at once. Every
+    other call is made on its gRPC thread, and moved only if it is about to wait (an outbound secureconversation
+    route's Issue, before anything of the message is claimed: filters/engine/turn.py)."""
+    return route.rsa.revocation.mode in ("ocsp", "both")
 
 
 def _joined(body: bytes | Segments) -> bytes:

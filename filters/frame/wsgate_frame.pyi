@@ -10,7 +10,9 @@ __all__ = ["Answer", "Body", "RenderedFault", "ReplayCheck", "ReplayOutcome", "R
 class _Worker(Protocol):
     """What the frame calls back (filters/worker.py `Worker`)."""
 
-    def handle(self, route: str, phase: str, body: Body, headers: dict[str, str], in_flight: Any, /) -> Answer: ...
+    def handle(
+        self, route: str, phase: str, body: Body, headers: dict[str, str], in_flight: Any, may_wait: bool, /
+    ) -> Answer: ...
     def refused(self, route: str, phase: str, refusal: str, reason: str, /) -> None: ...
     def replay_refused(self, route: str, in_flight: Any, outcome: ReplayOutcome, /) -> Answer: ...
     def reload(self) -> Table | None: ...
@@ -106,6 +108,8 @@ class Answer:
     def reply(
         status: int, body: _Segments, headers: list[tuple[str, str]], in_flight: Any, replay: ReplayCheck | None = None
     ) -> Answer: ...
+    @staticmethod
+    def elsewhere(in_flight: Any) -> Answer: ...  # no answer: make the call again where it may wait on the network
 
 def serve(
     worker: _Worker,

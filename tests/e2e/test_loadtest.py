@@ -346,7 +346,7 @@ def test_bench_outbound_rows_smoke(tmp_path: Path, pki: Path) -> None:
     """The outbound rows (loadtest/outbound.py): plain SOAP to the outbound listener, secured by the gateway for its
     partner (its own inbound route of the profile), every sampled reply a verified echo; the report sets each
     outbound row beside its inbound row. A smoke run, never a measure."""
-    profiles = ["hmac", "outbound-hmac", "outbound-hmac-encrypted", "outbound-rsa", "outbound-sc"]
+    profiles = ["hmac", "outbound-hmac", "outbound-hmac-encrypted", "outbound-rsa", "outbound-sc", "outbound-sc-signed"]
     text = _smoke_run(tmp_path, pki, profiles)
     assert "Outbound: gateway CPU per request" in text
     assert re.search(r"\n  outbound-hmac +1 KB +[\d,]+ +[\d,]+ +-?[\d,]+\n", text), text
@@ -354,7 +354,8 @@ def test_bench_outbound_rows_smoke(tmp_path: Path, pki: Path) -> None:
     # outbound-hmac-encrypted's partner row was not measured either; its own row and both SC targets are printed
     assert re.search(r"\n  outbound-hmac-encrypted +1 KB +[\d,]+ +not measured +-\n", text), text
     assert re.search(r"target \(issue 24\): outbound-sc <= outbound-hmac-encrypted, 1 KB .*x: (met|MISSED)", text), text
-    assert re.search(r"target \(issue 24\): outbound-sc <= outbound-hmac, 1 KB .*x: (met|MISSED)", text), text
+    assert re.search(r"\n  outbound-sc-signed +1 KB +[\d,]+ +not measured +-\n", text), text
+    assert re.search(r"target \(issue 24\): outbound-sc-signed <= outbound-hmac, 1 KB .*x: (met|MISSED)", text), text
 
 
 def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -> None:

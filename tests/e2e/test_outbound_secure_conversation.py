@@ -52,6 +52,17 @@ def issues(gw: LiveGateway) -> float:
     return sum(float(v) for v in found)
 
 
+def moved(gw: LiveGateway) -> dict[str, float]:
+    """Calls the frame made again on an engine thread (about to wait on the STS), per phase that had any, all
+    workers."""
+    text = "".join(requests.get(u, timeout=5).text for u in gw.metrics_urls())
+    found = re.findall(r'^wsgate_frame_phases_total\{outcome="moved",phase="(\w+)"\} (\S+)$', text, re.M)
+    totals: dict[str, float] = {}
+    for phase, value in found:
+        totals[phase] = totals.get(phase, 0.0) + float(value)
+    return {phase: n for phase, n in totals.items() if n}
+
+
 def shared_context(gw: LiveGateway):  # type: ignore[no-untyped-def]
     data = redis.Redis.from_url(gw.env[REDIS_URL_ENV]).get("wsgate:outbound-sct:sc")
     assert data is not None
@@ -73,11 +84,14 @@ def test_outbound_context_issued_once_shared_by_workers_and_renewed_before_expir
     assert len(got) == 8  # the partner's backend: plain SOAP, the context's subject vouched for
     assert {r["headers"]["x-wsgate-subject"] for r in got} == {GATEWAY_SUBJECT}
     assert issues(gw) == 1  # two workers, eight calls: one Issue
+    # Only the call that issued waited on the network, so only it left the gRPC thread (docs/frame-contract.md)
+    assert moved(gw) == {"request_body": 1.0}
     first = shared_context(gw)
     time.sleep(LIFETIME_S - RENEW_BEFORE_S + 0.5)
     resp = post(listen, "/sc/echo", echo("after renewal"))
     assert resp.status_code == 200, resp.text
     assert issues(gw) == 2
+    assert moved(gw) == {"request_body": 2.0}  # and the renewing call
     assert shared_context(gw).identifier != first.identifier
 
 

@@ -95,16 +95,18 @@ class Row(P):
     size: str = "small"
 
 
-def test_outbound_sc_target_against_outbound_hmac_encrypted_and_hmac() -> None:
+def test_outbound_sc_targets_each_against_the_hmac_row_that_protects_alike() -> None:
     out = io.StringIO()
     rows = [Row(900, profile="hmac"), Row(1200, profile="hmac-encrypted"), Row(1300, profile="secureconversation"),
             Row(2000, profile="outbound-hmac"), Row(2600, profile="outbound-hmac-encrypted"),
-            Row(2500, profile="outbound-sc")]  # fmt: skip
+            Row(2500, profile="outbound-sc"), Row(2100, profile="outbound-sc-signed")]  # fmt: skip
     outbound.report(rows, out)
     text = out.getvalue()
     row = next(line.split() for line in text.splitlines() if line.startswith("  outbound-hmac-encrypted "))
     assert row[-3:] == ["2,600", "1,200", "1,400"]  # both sides, its partner's inbound row, the outbound side
+    signed = next(line.split() for line in text.splitlines() if line.startswith("  outbound-sc-signed "))
+    assert signed[-4:] == ["2,100", "not", "measured", "-"]  # its partner, sc-signed, has no inbound row
     like = next(line for line in text.splitlines() if "<= outbound-hmac-encrypted" in line)
-    assert "outbound-sc" in like and "0.96x: met" in like and "like for like" in like  # 2500 / 2600
+    assert "outbound-sc <=" in like and "0.96x: met" in like and "like for like" in like  # 2500 / 2600
     plain = next(line for line in text.splitlines() if "<= outbound-hmac," in line)
-    assert "1.25x: MISSED" in plain  # 2500 / 2000
+    assert "outbound-sc-signed <=" in plain and "1.05x: MISSED" in plain and "like for like" in plain  # 2100 / 2000

@@ -267,7 +267,7 @@ from filters.worker import FAULT_TABLE
 
 class Broken:
     calls = 0
-    def handle(self, route, phase, body, headers, in_flight):
+    def handle(self, route, phase, body, headers, in_flight, may_wait):
         Broken.calls += 1
         if Broken.calls == 1:
             raise RuntimeError("a bug in the glue")
@@ -326,7 +326,7 @@ with socket.socket() as s:  # a port nothing listens on
     UNREACHABLE = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
 
 class PassingRefusal:
-    def handle(self, route, phase, body, headers, in_flight):
+    def handle(self, route, phase, body, headers, in_flight, may_wait):
         return Answer.forward(None, [], None, ReplayCheck(UNREACHABLE, [(b"sig:a", 60_000)], b"wsgate:epoch", 1))
     def replay_refused(self, route, in_flight, outcome):
         print("replay outcome", type(outcome).__name__, flush=True)
@@ -348,6 +348,64 @@ def test_a_replay_refusal_that_would_pass_the_message_on_is_an_internal_fault(tm
         assert immediate(ex.send(body("request_body", ECHO))) == (
             500, faults.content_type("1.1"), faults.render(REFUSALS["internal"], "1.1"))  # fmt: skip
         assert "replay outcome Unavailable" in w.log.read_text()  # a Redis that cannot answer: fail closed
+    finally:
+        w.stop()
+
+
+# Moves every call: on the gRPC thread (may_wait False) it answers `elsewhere`, as a call about to wait on the
+# network does (filters/engine/turn.py); where it may wait it answers, the body echoed after what it saw. Route
+# "stubborn" answers `elsewhere` wherever it is called.
+MOVING_WORKER = """
+import sys
+import threading
+import wsgate_frame
+from wsgate_frame import Answer
+from filters.worker import FAULT_TABLE
+
+class Moving:
+    def handle(self, route, phase, body, headers, in_flight, may_wait):
+        where = "grpc-thread" if threading.current_thread() is threading.main_thread() else "engine-thread"
+        print("call", phase, may_wait, where, in_flight, flush=True)
+        if route == "stubborn" or not may_wait:
+            return Answer.elsewhere(in_flight)
+        return Answer.forward([b"seen on ", where.encode(), b": ", bytes(body)], [], f"{in_flight}+{phase}")
+    def refused(self, *args): pass
+    def reload(self): return None
+    def ready(self): open(sys.argv[2], "w").write("ready")
+
+route = wsgate_frame.Route(max_request_bytes=1000, max_response_bytes=1000)
+wsgate_frame.serve(Moving(), sys.argv[1], wsgate_frame.Table({"xml": route, "stubborn": route}, FAULT_TABLE), 1 << 20,
+                   1 << 20)
+"""
+
+
+def test_a_call_about_to_wait_on_the_grpc_thread_is_made_again_on_an_engine_thread_with_its_exchange(
+    tmp_path: Path,
+) -> None:
+    """A call about to wait on the network must not hold up the gRPC thread (every other exchange of the worker):
+    made again where it may wait, with the same body and in-flight record, its answer is the exchange's; one that
+    would move even from there is a failed call (fail closed)."""
+    w = Worker(tmp_path, MOVING_WORKER)
+    try:
+        ex = w.stream()
+        ex.send(post(len(ECHO)))
+        passed = ex.send(body("request_body", ECHO))
+        assert passed.request_body.response.body_mutation.body == b"seen on engine-thread: " + ECHO
+        ex.send(headers("response_headers", [(":status", "200")]))
+        passed = ex.send(body("response_body", b"<reply/>"))
+        assert passed.response_body.response.body_mutation.body == b"seen on engine-thread: <reply/>"
+        calls = [line for line in w.log.read_text().splitlines() if line.startswith("call ")]
+        assert calls == [
+            "call request False grpc-thread None",
+            "call request True engine-thread None",
+            "call response False grpc-thread None+request",
+            "call response True engine-thread None+request",
+        ]
+        stubborn = w.stream("stubborn")
+        stubborn.send(post(len(ECHO)))
+        assert immediate(stubborn.send(body("request_body", ECHO))) == (
+            500, faults.content_type("1.1"), faults.render(REFUSALS["internal"], "1.1"))  # fmt: skip
+        assert w.proc.poll() is None
     finally:
         w.stop()
 

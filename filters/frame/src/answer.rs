@@ -29,10 +29,13 @@ pub struct Answer {
     headers: Vec<(String, String)>,
     /// The worker's `InFlight`, opaque here: handed back with the exchange's next body phase.
     #[pyo3(get)]
-    in_flight: Py<PyAny>,
+    pub in_flight: Py<PyAny>,
     /// Keys to set in Redis before the answer goes out; a key already there turns it into a refusal.
     #[pyo3(get)]
     replay: Option<Py<ReplayCheck>>,
+    /// No answer: the call was about to wait on the network where it may not, and must be made again on an engine
+    /// thread (filters/engine/turn.py). Read by the frame only (`Answer.elsewhere` makes one).
+    pub elsewhere: bool,
 }
 
 #[pymethods]
@@ -46,7 +49,7 @@ impl Answer {
         in_flight: Py<PyAny>,
         replay: Option<Py<ReplayCheck>>,
     ) -> Self {
-        Answer { status: None, body, headers, in_flight, replay }
+        Answer { status: None, body, headers, in_flight, replay, elsewhere: false }
     }
 
     /// Answer the client with `status` and `body` (a fault, or a message the gateway answers itself).
@@ -62,7 +65,14 @@ impl Answer {
         if !(200..=599).contains(&status) {
             return Err(PyValueError::new_err(format!("an answer's status must be 200-599, not {status}")));
         }
-        Ok(Answer { status: Some(status), body: Some(body), headers, in_flight, replay })
+        Ok(Answer { status: Some(status), body: Some(body), headers, in_flight, replay, elsewhere: false })
+    }
+
+    /// No answer here: make the call again on an engine thread, where it may wait on the network; `in_flight` as
+    /// it was given (nothing of this run is kept).
+    #[staticmethod]
+    fn elsewhere(in_flight: Py<PyAny>) -> Self {
+        Answer { status: None, body: None, headers: Vec::new(), in_flight, replay: None, elsewhere: true }
     }
 }
 

@@ -16,20 +16,22 @@ pub enum Phase {
 pub const PHASES: [&str; 5] = ["request_headers", "request_body", "response_headers", "response_body", "trailers"];
 
 /// What became of a phase: answered in Rust (`passed`, `refused`), handed to the engine (`engine`), or the call
-/// into the engine failed (`error`: answered with a generic fault).
+/// into the engine failed (`error`: answered with a generic fault). `moved`: besides, a call on the gRPC thread
+/// that was about to wait on the network and was made again on an engine thread (none at steady state).
 #[derive(Clone, Copy)]
 pub enum Outcome {
     Passed,
     Refused,
     Engine,
     Error,
+    Moved,
 }
 
-pub const OUTCOMES: [&str; 4] = ["passed", "refused", "engine", "error"];
+pub const OUTCOMES: [&str; 5] = ["passed", "refused", "engine", "error", "moved"];
 
 pub static STREAMS: AtomicU64 = AtomicU64::new(0);
 pub static STREAMS_ACTIVE: AtomicU64 = AtomicU64::new(0);
-static PHASE_COUNTS: [[AtomicU64; 4]; 5] = [const { [const { AtomicU64::new(0) }; 4] }; 5];
+static PHASE_COUNTS: [[AtomicU64; 5]; 5] = [const { [const { AtomicU64::new(0) }; 5] }; 5];
 static REFUSALS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 
 /// What the replay checks made for the engine found (replay.rs, `ReplayOutcome`): every key new, one seen before,

@@ -2,10 +2,11 @@
 //!
 //! `serve` runs Envoy's `ExternalProcessor` gRPC service on a single-threaded tokio runtime driven on the calling
 //! (the worker's main) thread with the GIL released. It re-takes the GIL once per body phase for the one call into
-//! the engine (`handle`), except on routes whose calls may wait on the network, which it hands to one of the
-//! engine's threads (threads.rs) while it serves the other exchanges; and per refusal (`refused`, and
-//! `replay_refused` when the replay check the frame makes for the engine refuses: replay.rs), on SIGHUP (`reload`)
-//! and once ready and after each reload (`ready`).
+//! the engine (`handle`); a call about to wait on the network (an outbound secureconversation Issue) answers
+//! `elsewhere` instead and is made again on one of the engine's threads (threads.rs) while this thread serves the
+//! other exchanges, as are at once the calls of routes whose waits cannot be redone (OCSP); and per refusal
+//! (`refused`, and `replay_refused` when the replay check the frame makes for the engine refuses: replay.rs), on
+//! SIGHUP (`reload`) and once ready and after each reload (`ready`).
 //! SIGTERM or SIGINT stop it gracefully: no new exchanges, in-flight ones get `grace_seconds`.
 //!
 //! The contract with the worker (filters/worker.py) is typed: the classes here (`Table` with its `Route`s and

@@ -1,7 +1,8 @@
 //! The ext_proc service: one gRPC stream per HTTP exchange (`Stream`). Header phases are answered here from the
 //! route table; each body phase is one call into the Python engine (`worker.handle`, which returns an `Answer`:
-//! answer.rs), made on this thread, or, for routes whose calls may wait on the network, on one of the engine's
-//! threads (threads.rs) with the stream handed over for the call while this thread serves the other exchanges.
+//! answer.rs), made on this thread; a call about to wait on the network answers `elsewhere` instead and is made
+//! again on one of the engine's threads (threads.rs), with the stream handed over for the call while this thread
+//! serves the other exchanges (at once for a route whose waits may come after what a second run cannot redo).
 //! Bodies travel without copies (wire.rs): the engine reads the received bytes through a `Body` and answers with
 //! segments handed to HTTP/2 as they are.
 
@@ -89,7 +90,7 @@ impl Frame {
                 match step {
                     Step::Reply(resp) => return Some((Ok(resp), Some((inbound, stream)))),
                     Step::Last(resp) => return Some((Ok(resp), None)),
-                    Step::Nothing | Step::Check(_) | Step::Engine(..) => continue,
+                    Step::Nothing | Step::Check(_) | Step::Engine(..) | Step::Elsewhere => continue,
                 }
             }
         });
@@ -103,7 +104,11 @@ enum Step {
     Nothing,
     Check(Box<Check>),    // the engine's verdict, once its replay keys are set (replay.rs)
     Engine(Phase, Bytes), // a body for the engine, its budget reserved
+    Elsewhere,            // the engine call must be made again on an engine thread (it is about to wait)
 }
+
+/// The engine's answer to a body phase, with its replay check if any.
+type Called = (Reply, Option<Py<ReplayCheck>>);
 
 struct Check {
     request: bool,
@@ -209,30 +214,38 @@ impl Stream {
         Step::Engine(phase, body)
     }
 
-    /// The body phase: on a route whose calls may wait on the network, on an engine thread (the stream going
-    /// with the call and coming back with its step; the generic fault if no engine thread is left: the frame is
-    /// stopping); else here, on the gRPC thread: a handoff to another thread costs more CPU than the whole of a
-    /// cheap exchange's Python on this kind of machine (measured: hmac +45%).
+    /// The body phase: here, on the gRPC thread (a handoff to another thread costs more CPU than the whole of a
+    /// cheap exchange's Python on this kind of machine, measured: hmac +45%), where the call may not wait on the
+    /// network; if it was about to (`Answer.elsewhere`), or the route's waits may come after what a second run
+    /// cannot redo (`Route.waits_on_network`: made there at once), on an engine thread, where it may: the stream
+    /// goes with the call and comes back with its step (the generic fault if no engine thread is left: the frame
+    /// is stopping).
     async fn engine(mut self, phase: Phase, body: Bytes) -> Result<(Self, Step), Outgoing> {
         if !self.route.as_ref().is_some_and(|r| r.waits_on_network) {
-            let step = Python::attach(|py| self.answer(py, phase, body));
-            return Ok((self, step));
+            // `body` is shared, not copied, with a second run
+            match Python::attach(|py| self.answer(py, phase, body.clone(), false)) {
+                Step::Elsewhere => counters::phase(phase, Outcome::Moved),
+                step => return Ok((self, step)),
+            }
         }
         let shared = self.shared.clone();
         let (table, soap12) = (self.table.clone(), self.soap12);
         let called = shared.engine.run(move |py| {
-            let step = self.answer(py, phase, body);
+            let step = self.answer(py, phase, body, true);
             (self, step)
         });
         called.await.ok_or_else(|| internal_fault(&table, soap12))
     }
 
-    fn answer(&mut self, py: Python<'_>, phase: Phase, body: Bytes) -> Step {
+    /// One call into the engine, as a step: `Step::Elsewhere` if it was about to wait where it may not; where it
+    /// may, that answer is a failed call (fail closed).
+    fn answer(&mut self, py: Python<'_>, phase: Phase, body: Bytes, may_wait: bool) -> Step {
         let request = matches!(phase, Phase::RequestBody);
         let metric_phase = if request { "request" } else { "response" };
-        let (reply, replay) = match self.call_engine(py, metric_phase, body) {
-            Ok(answer) => answer,
-            Err(()) => {
+        let (reply, replay) = match self.call_engine(py, metric_phase, body, may_wait) {
+            Ok(Some(answer)) => answer,
+            Ok(None) if !may_wait => return Step::Elsewhere,
+            Ok(None) | Err(()) => {
                 counters::phase(phase, Outcome::Error);
                 return Step::Last(internal_fault(&self.table, self.soap12));
             }
@@ -271,15 +284,11 @@ impl Stream {
     }
 
     /// The one call into the engine: `worker.handle(route, phase, body, the phase's headers, in-flight
-    /// record or None) -> Answer`. Its replay check, if any, is made before the answer goes out (`settle`). A
-    /// failure of the call itself (the worker catches the engine's errors) or anything but an `Answer` is printed
-    /// and answered with a generic fault: fail closed.
-    fn call_engine(
-        &mut self,
-        py: Python<'_>,
-        phase: &str,
-        body: Bytes,
-    ) -> Result<(Reply, Option<Py<ReplayCheck>>), ()> {
+    /// record or None, may_wait) -> Answer`; None when the answer is `elsewhere` (the in-flight record kept as it
+    /// was). Its replay check, if any, is made before the answer goes out (`settle`). A failure of the call itself
+    /// (the worker catches the engine's errors) or anything but an `Answer` is printed and answered with a generic
+    /// fault: fail closed.
+    fn call_engine(&mut self, py: Python<'_>, phase: &str, body: Bytes, may_wait: bool) -> Result<Option<Called>, ()> {
         let result = (|| -> PyResult<_> {
             let headers = PyDict::new(py);
             for (k, v) in &self.headers {
@@ -294,11 +303,16 @@ impl Stream {
             }
             let in_flight = self.in_flight.take();
             let body = Py::new(py, Body(body))?; // the engine's view of the frame's bytes: no copy
-            let args = (self.route_name.as_str(), phase, body, headers, in_flight);
+            let args = (self.route_name.as_str(), phase, body, headers, in_flight, may_wait);
             let answer = self.shared.handle.bind(py).call1(args)?;
-            let (reply, in_flight, replay) = answer.cast::<Answer>()?.get().read(py)?;
+            let answer = answer.cast::<Answer>()?.get();
+            if answer.elsewhere {
+                self.in_flight = Some(answer.in_flight.clone_ref(py));
+                return Ok(None);
+            }
+            let (reply, in_flight, replay) = answer.read(py)?;
             self.in_flight = Some(in_flight);
-            Ok((reply, replay))
+            Ok(Some((reply, replay)))
         })();
         result.map_err(|err| {
             eprintln!(

@@ -1,5 +1,6 @@
-//! The engine's threads: the calls into the engine (`worker.handle`) are made here, off the gRPC thread, so a
-//! call that waits on the network (a partner's STS, an OCSP responder) holds up no other exchange's gRPC.
+//! The engine's threads: the calls into the engine (`worker.handle`) that wait on the network (a partner's STS, an
+//! OCSP responder) are made here, off the gRPC thread, so that they hold up no other exchange's gRPC: a call the
+//! gRPC thread began answers `elsewhere` before its wait and is made again here (service.rs).
 //!
 //! A fixed number of threads (`ENGINE_THREADS`), started with the frame: calls beyond them wait in order for a
 //! free one, so a flood of slow calls costs no more threads. Python runs one call at a time anyway (the GIL,
