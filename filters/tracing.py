@@ -4,10 +4,11 @@ digest inside it, secure_conversation, schema, serialize, secure...), exported o
 the policy names (edge.tracing).
 
 The engine knows no tracer: it tells `filters.engine.metrics.stages.hook` of its stages. The frame hands the ext_proc
-stream's W3C traceparent (from its gRPC metadata: Envoy's span, or nothing when Envoy is not tracing the request)
-to the request phase as the `traceparent` header. Sampling is Envoy's: a phase is traced only when its parent
-is sampled. Spans carry the route, the profile, the phase, the stage and the fault's reason code: never a key,
-a password, an identity or any of the message."""
+stream's W3C traceparent (from its gRPC metadata: Envoy's span) to the request phase as the `traceparent` header
+only when it is well formed and sampled, so an unsampled exchange costs a worker one dict lookup (Envoy sends its
+context for unsampled requests too). Sampling is Envoy's: a phase is traced only when its parent is sampled.
+Spans carry the route, the profile, the phase, the stage and the fault's reason code: never a key, a password,
+an identity or any of the message."""
 
 from __future__ import annotations
 

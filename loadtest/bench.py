@@ -164,15 +164,18 @@ def _env(**values: str) -> Iterator[None]:
 
 
 @contextmanager
-def bench_gateway(policies: Path, certs: Path, run_dir: Path, workers: int, **options: object) -> Iterator[Gateway]:
-    """The gateway on free loopback ports, with the demo backend; BACKEND_ADDR and WSGATE_BENCH_CERTS set for
-    the policies (and for the processes that generate messages from them). `options`: more gateway Options."""
+def bench_gateway(
+    policies: Path, certs: Path, run_dir: Path, workers: int, kind: type[Gateway] = Gateway, **options: object
+) -> Iterator[Gateway]:
+    """The gateway (a `kind` of supervisor) on free loopback ports, with the demo backend; BACKEND_ADDR and
+    WSGATE_BENCH_CERTS set for the policies (and for the processes that generate messages from them). `options`:
+    more gateway Options."""
     opts = Options.on_free_ports(workers, policies=policies, certs=certs, run_dir=run_dir, **options)
     # The outbound routes' listener, and their partner: this gateway's HTTPS listener (loadtest/outbound.py).
     partner, listen = f"127.0.0.1:{opts.https_port}", f"127.0.0.1:{free_ports(1)[0]}"
     with _env(BACKEND_ADDR=opts.backend or "", WSGATE_BENCH_CERTS=str(certs), WSGATE_BENCH_PARTNER=partner,
               WSGATE_BENCH_OUTBOUND=listen):  # fmt: skip
-        with Gateway(opts) as gw:
+        with kind(opts) as gw:
             yield gw
 
 

@@ -91,3 +91,44 @@ def test_a_strangers_traceparent_is_ignored(traced: LiveGateway, collector: Coll
     assert len(traces) == before + 1  # traced (100%)...
     assert all(t["traceID"] != chosen for t in traces)  # ...under Envoy's own trace id
     assert all(t["traceID"] != chosen for t in collector.traces("wsgate-filter"))
+
+
+def test_an_unsampled_trace_costs_the_worker_no_span(traced: LiveGateway, collector: Collector) -> None:
+    """A trusted caller's unsampled traceparent (flags 00): no span anywhere, the worker's neither (the frame gives
+    the engine a traceparent only when it is sampled), while the same caller's sampled one is."""
+    unsampled = secrets.token_hex(16)
+    body, _ = traced.client("rsa").secure(echo("hello"))
+    assert post_from(traced, TRUSTED, body, {"traceparent": f"00-{unsampled}-{secrets.token_hex(8)}-00"}) == 200
+    assert unsampled not in _ids_after_sampled(traced, collector)
+
+
+def malformed(trace: str, span: str) -> list[str]:
+    """A trusted caller's traceparents naming `trace`, each sampled were it well formed. (Envoy takes upper-case
+    hex and version ff as well formed: the trusted caller's own trace, which it may choose anyway; the frame's own
+    parse of the ext_proc span's is tested in filters/frame/src/service.rs.)"""
+    return [f"00-{trace}-{span}-01-more",  # version 00 has no more fields
+            f"00-{trace}-{span}-1", f"00-{trace}-{span}-x1", f"00-{trace}-{span}", f"00-{trace}--01",
+            f"00-{trace}-{span[:-1]}-01", f"00-{trace}-{span}-01,00-{trace}-{span}-01"]  # fmt: skip
+
+
+def test_a_malformed_traceparent_cannot_fault_or_choose_the_trace(traced: LiveGateway, collector: Collector) -> None:
+    """From a trusted caller, a malformed traceparent is ignored: the request passes (no fault) and is traced
+    under Envoy's own trace id, never the one it names."""
+    chosen = {}
+    for i in range(len(malformed("", ""))):
+        trace = secrets.token_hex(16)
+        chosen[trace] = value = malformed(trace, secrets.token_hex(8))[i]  # the collector shows ids in lower case
+        body, _ = traced.client("rsa").secure(echo("hello"))
+        assert post_from(traced, TRUSTED, body, {"traceparent": value}) == 200, value
+    traced_ids = _ids_after_sampled(traced, collector)
+    assert not [value for trace, value in chosen.items() if trace in traced_ids]
+
+
+def _ids_after_sampled(traced: LiveGateway, collector: Collector) -> set[str]:
+    """The collector's trace ids (Envoy's and the workers') once a trusted caller's sampled request is traced by the
+    worker: the spans of the requests before it were exported before it or with it."""
+    trace = secrets.token_hex(16)
+    body, _ = traced.client("rsa").secure(echo("hello"))
+    assert post_from(traced, TRUSTED, body, {"traceparent": f"00-{trace}-{secrets.token_hex(8)}-01"}) == 200
+    _wait_trace(collector, trace, {"wsgate.request", "wsgate.response"})
+    return {t["traceID"] for service in ("wsgate-envoy", "wsgate-filter") for t in collector.traces(service)}

@@ -32,7 +32,8 @@ use crate::wire::{In, Incoming, Outgoing};
 /// The gRPC metadata naming the route (gateway/control/envoy_config.py sets it per route).
 const ROUTE_METADATA: &str = "x-wsgate-route";
 /// W3C trace context of Envoy's ext_proc span, in the stream's gRPC metadata when Envoy traces the request: given
-/// to the engine's request phase as this header (the worker's spans are its children: filters/tracing.py).
+/// to the engine's request phase as this header when sampled (the worker's spans are its children:
+/// filters/tracing.py), and the engine gets no other.
 const TRACE_PARENT: &str = "traceparent";
 /// Headers a client must never set itself: the gateway vouches for them.
 const GATEWAY_HEADER_PREFIX: &str = "x-wsgate-";
@@ -68,7 +69,9 @@ impl Frame {
         let route_name = metadata(ROUTE_METADATA).unwrap_or("");
         // In-flight exchanges keep the table they started with; a reload only changes new ones.
         let mut stream = Stream::new(self.0.clone(), route_name.to_owned());
-        stream.trace_parent = metadata(TRACE_PARENT).map(str::to_owned);
+        // Envoy sends its span's context for every request it traces, sampled or not (99% are not at the default
+        // 1%): only a sampled one reaches the engine, so an unsampled request costs the worker no tracing at all.
+        stream.trace_parent = metadata(TRACE_PARENT).filter(|v| sampled(v)).map(str::to_owned);
         let inbound = request.into_inner();
         let responses = futures_util::stream::unfold(Some((inbound, stream)), |state| async move {
             let (mut inbound, mut stream) = state?;
@@ -126,7 +129,7 @@ struct Stream {
     soap12: bool,                   // the request's content type names SOAP 1.2: faults are 1.2
     headers: Vec<(String, String)>, // the request's, for the engine; then the response's (its content type)
     in_flight: Option<Py<PyAny>>,   // the worker's `InFlight`, from the request body to the response body
-    trace_parent: Option<String>,   // Envoy's ext_proc span, when it traces this exchange
+    trace_parent: Option<String>,   // Envoy's ext_proc span, when this exchange's trace is sampled
 }
 
 impl Stream {
@@ -291,11 +294,11 @@ impl Stream {
     fn call_engine(&mut self, py: Python<'_>, phase: &str, body: Bytes, may_wait: bool) -> Result<Option<Called>, ()> {
         let result = (|| -> PyResult<_> {
             let headers = PyDict::new(py);
-            for (k, v) in &self.headers {
+            // The engine's traceparent is Envoy's sampled span or none: never a caller's own (a trusted caller's
+            // is the parent of Envoy's spans anyway, and an unsampled one would cost the worker its parsing).
+            for (k, v) in self.headers.iter().filter(|(k, _)| k != TRACE_PARENT) {
                 headers.set_item(k, v)?;
             }
-            // Envoy's span over a caller's own traceparent (taken from trusted callers only, and Envoy's
-            // ext_proc span is its child anyway).
             if phase == "request" {
                 if let Some(parent) = &self.trace_parent {
                     headers.set_item(TRACE_PARENT, parent)?;
@@ -451,9 +454,58 @@ fn immediate(status: u32, headers: Vec<HeaderValueOption>, body: Vec<u8>) -> Out
     }))
 }
 
+/// Whether a W3C traceparent (https://www.w3.org/TR/trace-context/#traceparent-header) is well formed with its
+/// sampled flag set. Anything malformed is not sampled: ignored, never a fault.
+fn sampled(traceparent: &str) -> bool {
+    let b = traceparent.as_bytes();
+    let hex = |s: &[u8]| s.iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
+    let nonzero = |s: &[u8]| s.iter().any(|&c| c != b'0');
+    // version 00 is exactly 55 characters; a later version may append fields after a dash; ff is invalid
+    let framed = b.len() == 55 || (b.len() > 55 && b[55] == b'-' && !b.starts_with(b"00"));
+    framed
+        && hex(&b[..2])
+        && !b.starts_with(b"ff")
+        && (b[2], b[35], b[52]) == (b'-', b'-', b'-')
+        && hex(&b[3..35])
+        && nonzero(&b[3..35])
+        && hex(&b[36..52])
+        && nonzero(&b[36..52])
+        && hex(&b[53..55])
+        && u8::from_str_radix(&traceparent[53..55], 16).is_ok_and(|flags| flags & 1 == 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_well_formed_sampled_traceparent_is_sampled() {
+        let (trace, span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+        for flags in ["01", "03", "ff", "0b"] {
+            assert!(sampled(&format!("00-{trace}-{span}-{flags}")), "{flags}");
+        }
+        assert!(sampled(&format!("01-{trace}-{span}-01-later-fields")));
+        let malformed = [
+            format!("00-{trace}-{span}-00"),                  // not sampled
+            format!("00-{trace}-{span}-02"),                  // another flag, not sampled
+            format!("00-{}-{span}-01", trace.to_uppercase()), // hex is lowercase
+            format!("00-{}-{span}-01", "0".repeat(32)),       // all-zero trace id
+            format!("00-{trace}-{}-01", "0".repeat(16)),      // all-zero parent id
+            format!("ff-{trace}-{span}-01"),                  // the invalid version
+            format!("00-{trace}-{span}-01-more"),             // version 00 has no more fields
+            format!("01-{trace}-{span}-01more"),
+            format!("00-{trace}-{span}-1"),
+            format!("00-{trace}-{span}-0x"),
+            format!("00-{trace}-{span}-+1"),
+            format!("00_{trace}_{span}_01"),
+            format!("00-{trace}-{span}-é"), // not ASCII: no slicing inside a character
+            String::new(),
+            "garbage".into(),
+        ];
+        for value in &malformed {
+            assert!(!sampled(value), "{value:?}");
+        }
+    }
 
     fn route() -> Route {
         Route {
