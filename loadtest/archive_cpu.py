@@ -1,0 +1,69 @@
+"""What archiving costs per exchange, in process, counted in instructions (docs/audit.md, "What it costs").
+
+The worker's own code (`filters.worker.Worker.handle`, the archive's writer thread, its spool and segment store)
+without Envoy, the frame or the network: N fresh exchanges of one profile (request and signed reply, 1 KB) through
+the bench policies, with every secured route archiving (loadtest/archive.py) or none. The writer's batches are
+made full (BATCH records) as under load, where a batch's 0.2 s gathers hundreds of records: run slowly (under
+callgrind) its timer would cut batches of a few records and charge each record a batch's fixed cost. Run it
+under callgrind twice per setting, with two counts, and take the difference per exchange (the set-up cancels):
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m loadtest.archive_cpu hmac --archive -n 100
+    ... -n 300: (Ir(300) - Ir(100)) / 200 = instructions per exchange, all threads counted
+
+Alone it prints the process's CPU time per exchange (a rough figure on a shared machine)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from certs import pki
+from filters.stores.archive import writer
+from filters.worker import InFlight, Worker
+from loadtest.archive import with_archive
+from loadtest.messages import PROFILES, Factory
+from loadtest.optimizations import BENCH_POLICIES, backend, bench_policies
+
+
+def run(profile: str, archive: bool, count: int, certs: Path, work: Path) -> float:
+    """CPU seconds per exchange of `count` exchanges (messages made before the clock starts)."""
+    os.environ["WSGATE_BENCH_CERTS"] = str(certs)
+    os.environ.setdefault("WSGATE_REDIS_URL", "redis://127.0.0.1:1")  # deferred: the frame would ask it, not we
+    policies = with_archive(BENCH_POLICIES, work / "policies", work / "archive") if archive else BENCH_POLICIES
+    writer.BATCH_WAIT_S = 3600.0  # full batches: the queue holds BATCH before the writer takes one (see above)
+    worker = Worker(policies, 64 << 20)
+    route = PROFILES[profile].route
+    factory = Factory(profile, bench_policies(certs), certs=certs)
+    bodies = [factory.make("small").body for _ in range(count)]
+    headers = {"content-type": "text/xml", "x-request-id": "bench"}
+    t0 = time.process_time()
+    for body in bodies:
+        p = InFlight(dict(headers))
+        answer = worker.handle(route, "request", body, headers, p)
+        assert answer.status is None and answer.body is not None, answer.status
+        out = answer.body
+        reply = backend(b"".join(map(bytes, out)) if isinstance(out, list | tuple) else bytes(out))
+        answer = worker.handle(route, "response", reply, {"content-type": "text/xml"}, p)
+        assert answer.status is None, answer.status
+    worker.archives.close(60.0)  # the writer seals and stores what is queued: its work counts
+    return (time.process_time() - t0) / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.archive_cpu", description=__doc__.split("\n")[0])
+    parser.add_argument("profile", choices=["hmac", "rsa"])
+    parser.add_argument("--archive", action="store_true", help="every secured route archives")
+    parser.add_argument("-n", "--count", type=int, default=300, help="exchanges")
+    parser.add_argument("--certs", type=Path, help="a PKI made before (certs.pki.init): none made in the count")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="wsgate-archive-cpu-") as tmp:
+        certs = args.certs or pki.init(Path(tmp) / "certs")
+        per = run(args.profile, args.archive, args.count, certs, Path(tmp))
+    print(f"{args.profile} archive={'on' if args.archive else 'off'}: {per * 1e6:.0f} us CPU per exchange")
+
+
+if __name__ == "__main__":
+    main()
