@@ -86,6 +86,23 @@ def test_records_sealed_with_a_data_key_each_still_open_and_verify(pki: Path, tm
     assert open_body(old, enc) == p.body and open_body(then, enc) == b"<Envelope>order 2</Envelope>"
 
 
+def test_forked_workers_never_share_record_ids(pki: Path) -> None:
+    # Ids come from a per-process prefix and a counter, not a UUID each: a takeover leaves out the records whose
+    # ids the store holds, so a worker forked with its parent's prefix would have records of its own left out.
+    ours = [pending(pki, i).id for i in range(3)]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        os.write(write, pending(pki, 9).id.encode())
+        os._exit(0)
+    os.close(write)
+    theirs = os.read(read, 64).decode()
+    os.close(read)
+    assert os.waitpid(child, 0)[1] == 0
+    assert len(set(ours)) == 3 and all(len(i) == 32 and int(i, 16) >= 0 for i in [*ours, theirs])
+    assert theirs[:16] not in {i[:16] for i in ours}
+
+
 def test_spool_frames_read_back_as_written_and_as_an_earlier_version_wrote_them(pki: Path) -> None:
     p = replace(pending(pki, 1), replay_keys=(b"k" * 32,))
     frame = b"".join(to_spool(p))
@@ -98,6 +115,14 @@ def test_spool_frames_read_back_as_written_and_as_an_earlier_version_wrote_them(
     text = json.dumps(head).encode()
     earlier = struct.pack(">II", len(text), len(p.body or b"")) + text + (p.body or b"")
     assert from_spool(earlier + frame, 0) == (p, len(earlier))
+    # The version after it: the header a JSON object, the binary fields after it as they are.
+    blobs = (p.body_key, *p.chain, p.body or b"")
+    head = {f: getattr(p, f) for f in _SCALARS}
+    head |= {"replay_keys": [k.hex() for k in p.replay_keys], "blobs": [len(b) for b in blobs], "has_body": True}
+    text = json.dumps(head).encode()
+    previous = struct.pack(">II", len(text), sum(head["blobs"])) + text + b"".join(blobs)
+    assert from_spool(previous + frame, 0) == (p, len(previous))
+    assert from_spool(previous + frame, len(previous)) == (p, len(previous + frame))
 
 
 def test_archived_original_not_the_signed_one_fails_reverification(pki: Path) -> None:
