@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import ValidationError
 
@@ -36,10 +37,10 @@ from filters.stores.archive.record import (
     verify_chain,
 )
 from filters.stores.archive.segments import SegmentStore
-from filters.stores.archive.writer import BATCH_WAIT_S, Writer
+from filters.stores.archive.writer import BATCH_WAIT_S, Writer, _der
 from gateway.control.audit import reverify
 from gateway.policy import ArchivePolicy, Route
-from tests.support.archive import fill, pending, with_message_id
+from tests.support.archive import der, fill, pending, with_message_id
 from tests.support.wss_helpers import client_for, make_route, route_doc
 
 
@@ -101,6 +102,17 @@ def test_forked_workers_never_share_record_ids(pki: Path) -> None:
     assert os.waitpid(child, 0)[1] == 0
     assert len(set(ours)) == 3 and all(len(i) == 32 and int(i, 16) >= 0 for i in [*ours, theirs])
     assert theirs[:16] not in {i[:16] for i in ours}
+
+
+def test_archived_chain_is_never_another_certificates(pki: Path) -> None:
+    # The DER of a signer's certificate is kept per certificate object (the trust store's cache hands the same
+    # ones out): a certificate freed and another made where it was must not get the first one's DER.
+    ders = [der(pki / name) for name in ("client.pem", "client2.pem", "ca.pem")]
+    for i in range(600):
+        want = ders[i % 3]
+        cert = x509.load_der_x509_certificate(want)
+        assert _der(cert) == want
+        del cert
 
 
 def test_spool_frames_read_back_as_written_and_as_an_earlier_version_wrote_them(pki: Path) -> None:

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from prometheus_client import Counter, Gauge
@@ -271,7 +272,22 @@ def _evidence(p: Pending, out: Outcome) -> None:
     if v.key_reference is not None and v.key_reference.kind == "key_name":
         p.key_name = v.key_reference.value
     chain = v.signer_chain or ((v.signer_certificate,) if v.signer_certificate is not None else ())
-    p.chain = tuple(c.public_bytes(serialization.Encoding.DER) for c in chain)
+    p.chain = tuple(_der(c) for c in chain)
+
+
+_ders: dict[int, tuple[x509.Certificate, bytes]] = {}
+
+
+def _der(cert: x509.Certificate) -> bytes:
+    """A certificate's DER, kept per certificate object: the trust store's validation cache hands the same chain's
+    objects to request after request, and serializing them again was a good part of an rsa record's cost on the
+    request's path. An entry holds its object, so that object's id is not another's while it is here."""
+    got = _ders.get(id(cert))
+    if got is None or got[0] is not cert:
+        if len(_ders) >= 256:
+            _ders.clear()
+        got = _ders[id(cert)] = (cert, cert.public_bytes(serialization.Encoding.DER))
+    return got[1]
 
 
 class Archives:
