@@ -28,12 +28,13 @@ from loadtest.messages import PROFILES, Factory
 from loadtest.optimizations import BENCH_POLICIES, backend, bench_policies
 
 
-def run(profile: str, archive: bool, count: int, certs: Path, work: Path) -> float:
-    """CPU seconds per exchange of `count` exchanges (messages made before the clock starts)."""
+def run(profile: str, archive: bool, count: int, certs: Path, work: Path, batch_wait_s: float = 3600.0) -> float:
+    """CPU seconds per exchange of `count` exchanges (messages made before the clock starts). `batch_wait_s`: the
+    writer's batch timer (an hour: full batches, see above; writer.BATCH_WAIT_S: as a worker runs it)."""
     os.environ["WSGATE_BENCH_CERTS"] = str(certs)
     os.environ.setdefault("WSGATE_REDIS_URL", "redis://127.0.0.1:1")  # deferred: the frame would ask it, not we
     policies = with_archive(BENCH_POLICIES, work / "policies", work / "archive") if archive else BENCH_POLICIES
-    writer.BATCH_WAIT_S = 3600.0  # full batches: the queue holds BATCH before the writer takes one (see above)
+    writer.BATCH_WAIT_S = batch_wait_s
     worker = Worker(policies, 64 << 20)
     route = PROFILES[profile].route
     factory = Factory(profile, bench_policies(certs), certs=certs)
