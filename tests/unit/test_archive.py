@@ -36,7 +36,7 @@ from filters.stores.archive.record import (
     to_spool,
     verify_chain,
 )
-from filters.stores.archive.segments import SegmentStore
+from filters.stores.archive.segments import SegmentStore, _line
 from filters.stores.archive.writer import BATCH_WAIT_S, Writer, _der
 from gateway.control.audit import reverify
 from gateway.policy import ArchivePolicy, Route
@@ -85,6 +85,17 @@ def test_records_sealed_with_a_data_key_each_still_open_and_verify(pki: Path, tm
     assert report.intact and report.records == 2
     enc = keys.load_private_key(pki / "gateway-enc.key")
     assert open_body(old, enc) == p.body and open_body(then, enc) == b"<Envelope>order 2</Envelope>"
+
+
+def test_segment_line_is_the_json_of_the_record_whatever_its_fields_hold(pki: Path) -> None:
+    # The line escapes the meta text by hand: a reason or an identity with quotes, backslashes, control or
+    # non-ASCII characters must neither break the line nor come back other than sealed.
+    p = replace(pending(pki, 1), reason='a "quoted" \\ back\\slash\n\t\x00\x7f é \u2028 </x>',
+                identity='CN="a\\b",O=Ü')  # fmt: skip
+    rec = seal(p, "s", 1, GENESIS)
+    line = _line(rec)
+    assert line == json.dumps({"meta": rec.meta, "body": base64.b64encode(rec.body).decode(), "hash": rec.hash}) + "\n"
+    assert json.loads(line)["meta"] == rec.meta and json.loads(rec.meta)["reason"] == p.reason
 
 
 def test_forked_workers_never_share_record_ids(pki: Path) -> None:
