@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -75,11 +76,20 @@ def main() -> None:
     parser.add_argument("--archive", action="store_true", help="every secured route archives")
     parser.add_argument("-n", "--count", type=int, default=300, help="exchanges")
     parser.add_argument("--certs", type=Path, help="a PKI made before (certs.pki.init): none made in the count")
+    parser.add_argument("--worker-timer", action="store_true",
+                        help="the writer's batch timer as a worker runs it (context switches), not full batches")  # fmt: skip
     args = parser.parse_args()
+    wait = writer.BATCH_WAIT_S if args.worker_timer else 3600.0
     with tempfile.TemporaryDirectory(prefix="wsgate-archive-cpu-") as tmp:
         certs = args.certs or pki.init(Path(tmp) / "certs")
-        per = run(args.profile, args.archive, args.count, certs, Path(tmp))
-    print(f"{args.profile} archive={'on' if args.archive else 'off'}: {per * 1e6:.0f} us CPU per exchange")
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        per = run(args.profile, args.archive, args.count, certs, Path(tmp), wait)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    n = args.count
+    print(f"{args.profile} archive={'on' if args.archive else 'off'}: {per * 1e6:.0f} us CPU per exchange; per "
+          f"exchange (with the set-up): user {(after.ru_utime - before.ru_utime) / n * 1e6:.0f} us, system "
+          f"{(after.ru_stime - before.ru_stime) / n * 1e6:.0f} us, {(after.ru_nvcsw - before.ru_nvcsw) / n:.2f} "
+          f"voluntary context switches")  # fmt: skip
 
 
 if __name__ == "__main__":
