@@ -11,7 +11,8 @@ under callgrind twice per setting, with two counts, and take the difference per 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m loadtest.archive_cpu hmac --archive -n 100
     ... -n 300: (Ir(300) - Ir(100)) / 200 = instructions per exchange, all threads counted
 
-Alone it prints the process's CPU time per exchange (a rough figure on a shared machine)."""
+Alone it prints the process's CPU time per exchange, user and system, and its context switches (rough figures
+on a shared machine; `--worker-timer`: the writer's own batch timer)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import argparse
 import os
 import resource
 import tempfile
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from wsgate_frame import Answer
@@ -34,9 +35,18 @@ from loadtest.optimizations import BENCH_POLICIES, backend, bench_policies
 MESSAGES = 20
 
 
-def run(profile: str, archive: bool, count: int, certs: Path, work: Path, batch_wait_s: float = 3600.0) -> float:
-    """CPU seconds per exchange of `count` exchanges (messages made before the clock starts). `batch_wait_s`: the
-    writer's batch timer (an hour: full batches, see above; writer.BATCH_WAIT_S: as a worker runs it)."""
+@dataclass
+class Cost:
+    """Per exchange, over the exchanges and the writer's draining (not the set-up)."""
+
+    user_s: float
+    system_s: float
+    voluntary: float  # context switches, every thread
+
+
+def run(profile: str, archive: bool, count: int, certs: Path, work: Path, batch_wait_s: float = 3600.0) -> Cost:
+    """The cost of `count` exchanges (messages made before the count). `batch_wait_s`: the writer's batch timer
+    (an hour: full batches, see above; writer.BATCH_WAIT_S: as a worker runs it)."""
     os.environ["WSGATE_BENCH_CERTS"] = str(certs)
     os.environ.setdefault("WSGATE_REDIS_URL", "redis://127.0.0.1:1")  # deferred: the frame would ask it, not we
     policies = with_archive(BENCH_POLICIES, work / "policies", work / "archive") if archive else BENCH_POLICIES
@@ -48,11 +58,13 @@ def run(profile: str, archive: bool, count: int, certs: Path, work: Path, batch_
     # between two counts is the worker's work alone (no replay check here: the frame makes it, with Redis).
     bodies = [factory.make("small").body for _ in range(MESSAGES)]
     replies = [backend(_joined(_exchange(worker, route, body, None).body)) for body in bodies]
-    t0 = time.process_time()
+    before = resource.getrusage(resource.RUSAGE_SELF)
     for i in range(count):
         _exchange(worker, route, bodies[i % MESSAGES], replies[i % MESSAGES])
     worker.archives.close(60.0)  # the writer seals and stores what is queued: its work counts
-    return (time.process_time() - t0) / count
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return Cost((after.ru_utime - before.ru_utime) / count, (after.ru_stime - before.ru_stime) / count,
+                (after.ru_nvcsw - before.ru_nvcsw) / count)  # fmt: skip
 
 
 def _exchange(worker: Worker, route: str, body: bytes, reply: bytes | None) -> Answer:
@@ -82,14 +94,9 @@ def main() -> None:
     wait = writer.BATCH_WAIT_S if args.worker_timer else 3600.0
     with tempfile.TemporaryDirectory(prefix="wsgate-archive-cpu-") as tmp:
         certs = args.certs or pki.init(Path(tmp) / "certs")
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        per = run(args.profile, args.archive, args.count, certs, Path(tmp), wait)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-    n = args.count
-    print(f"{args.profile} archive={'on' if args.archive else 'off'}: {per * 1e6:.0f} us CPU per exchange; per "
-          f"exchange (with the set-up): user {(after.ru_utime - before.ru_utime) / n * 1e6:.0f} us, system "
-          f"{(after.ru_stime - before.ru_stime) / n * 1e6:.0f} us, {(after.ru_nvcsw - before.ru_nvcsw) / n:.2f} "
-          f"voluntary context switches")  # fmt: skip
+        c = run(args.profile, args.archive, args.count, certs, Path(tmp), wait)
+    print(f"{args.profile} archive={'on' if args.archive else 'off'}, per exchange: user {c.user_s * 1e6:.0f} us, "
+          f"system {c.system_s * 1e6:.0f} us, {c.voluntary:.2f} voluntary context switches")  # fmt: skip
 
 
 if __name__ == "__main__":
