@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import ValidationError
 
@@ -35,11 +36,11 @@ from filters.stores.archive.record import (
     to_spool,
     verify_chain,
 )
-from filters.stores.archive.segments import SegmentStore
-from filters.stores.archive.writer import BATCH_WAIT_S, Writer
+from filters.stores.archive.segments import SegmentStore, _line
+from filters.stores.archive.writer import BATCH_WAIT_S, Writer, _der
 from gateway.control.audit import reverify
 from gateway.policy import ArchivePolicy, Route
-from tests.support.archive import fill, pending, with_message_id
+from tests.support.archive import der, fill, pending, with_message_id
 from tests.support.wss_helpers import client_for, make_route, route_doc
 
 
@@ -86,6 +87,45 @@ def test_records_sealed_with_a_data_key_each_still_open_and_verify(pki: Path, tm
     assert open_body(old, enc) == p.body and open_body(then, enc) == b"<Envelope>order 2</Envelope>"
 
 
+def test_segment_line_is_the_json_of_the_record_whatever_its_fields_hold(pki: Path) -> None:
+    # The line escapes the meta text by hand: a reason or an identity with quotes, backslashes, control or
+    # non-ASCII characters must neither break the line nor come back other than sealed.
+    p = replace(pending(pki, 1), reason='a "quoted" \\ back\\slash\n\t\x00\x7f é \u2028 </x>',
+                identity='CN="a\\b",O=Ü')  # fmt: skip
+    rec = seal(p, "s", 1, GENESIS)
+    line = _line(rec)
+    assert line == json.dumps({"meta": rec.meta, "body": base64.b64encode(rec.body).decode(), "hash": rec.hash}) + "\n"
+    assert json.loads(line)["meta"] == rec.meta and json.loads(rec.meta)["reason"] == p.reason
+
+
+def test_forked_workers_never_share_record_ids(pki: Path) -> None:
+    # Ids come from a per-process prefix and a counter, not a UUID each: a takeover leaves out the records whose
+    # ids the store holds, so a worker forked with its parent's prefix would have records of its own left out.
+    ours = [pending(pki, i).id for i in range(3)]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        os.write(write, pending(pki, 9).id.encode())
+        os._exit(0)
+    os.close(write)
+    theirs = os.read(read, 64).decode()
+    os.close(read)
+    assert os.waitpid(child, 0)[1] == 0
+    assert len(set(ours)) == 3 and all(len(i) == 32 and int(i, 16) >= 0 for i in [*ours, theirs])
+    assert theirs[:16] not in {i[:16] for i in ours}
+
+
+def test_archived_chain_is_never_another_certificates(pki: Path) -> None:
+    # The DER of a signer's certificate is kept per certificate object (the trust store's cache hands the same
+    # ones out): a certificate freed and another made where it was must not get the first one's DER.
+    ders = [der(pki / name) for name in ("client.pem", "client2.pem", "ca.pem")]
+    for i in range(600):
+        want = ders[i % 3]
+        cert = x509.load_der_x509_certificate(want)
+        assert _der(cert) == want
+        del cert
+
+
 def test_spool_frames_read_back_as_written_and_as_an_earlier_version_wrote_them(pki: Path) -> None:
     p = replace(pending(pki, 1), replay_keys=(b"k" * 32,))
     frame = b"".join(to_spool(p))
@@ -98,6 +138,14 @@ def test_spool_frames_read_back_as_written_and_as_an_earlier_version_wrote_them(
     text = json.dumps(head).encode()
     earlier = struct.pack(">II", len(text), len(p.body or b"")) + text + (p.body or b"")
     assert from_spool(earlier + frame, 0) == (p, len(earlier))
+    # The version after it: the header a JSON object, the binary fields after it as they are.
+    blobs = (p.body_key, *p.chain, p.body or b"")
+    head = {f: getattr(p, f) for f in _SCALARS}
+    head |= {"replay_keys": [k.hex() for k in p.replay_keys], "blobs": [len(b) for b in blobs], "has_body": True}
+    text = json.dumps(head).encode()
+    previous = struct.pack(">II", len(text), sum(head["blobs"])) + text + b"".join(blobs)
+    assert from_spool(previous + frame, 0) == (p, len(previous))
+    assert from_spool(previous + frame, len(previous)) == (p, len(previous + frame))
 
 
 def test_archived_original_not_the_signed_one_fails_reverification(pki: Path) -> None:

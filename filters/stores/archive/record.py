@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import itertools
 import json
 import os
 import struct
@@ -32,6 +33,25 @@ GENESIS = "0" * 64  # the `prev` of a stream's first record
 _OAEP = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
 # The metadata columns a database keeps beside the meta text for search; verify-chain checks they agree with it.
 SEARCH_FIELDS = ("at", "route", "kind", "verdict", "identity", "message_id", "request_id")
+
+
+class _Ids:
+    """Record ids as unique as uuid4's, 32 hex digits: a random 64-bit prefix per process and a counter, so the
+    request's path makes one without a getrandom() and a UUID object per record. A forked child draws its own
+    prefix (a takeover tells records apart by id: two processes must never share one)."""
+
+    def __init__(self) -> None:
+        self.reseed()
+        os.register_at_fork(after_in_child=self.reseed)
+
+    def reseed(self) -> None:
+        self.prefix, self.count = os.urandom(8).hex(), itertools.count()
+
+    def new(self) -> str:
+        return f"{self.prefix}{next(self.count):016x}"
+
+
+_ids = _Ids()
 
 
 @dataclass(slots=True)
@@ -56,7 +76,7 @@ class Pending:
     request_id: str | None = None
     size: int = 0  # the message's size in bytes, kept or not
     body_omitted: str | None = None  # why the body is not kept
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=_ids.new)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +92,8 @@ class Stored:
         return json.loads(self.meta)
 
 
-def canonical(doc: dict) -> str:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+# json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True), its encoder made once, not per record
+canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
 
 
 def record_hash(meta: str, body: bytes) -> str:
@@ -95,7 +115,9 @@ class BatchKeys:
 
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex
+        self.archived_at = iso(datetime.now(UTC).timestamp())  # the batch's records are archived together
         self._keys: dict[bytes, tuple[AESGCM, dict[str, str]]] = {}
+        self._nonces = b""
 
     def key(self, body_key: bytes) -> tuple[AESGCM, dict[str, str]]:
         """The AEAD and the envelope's shared fields for bodies encrypted to `body_key`."""
@@ -108,14 +130,22 @@ class BatchKeys:
             got = self._keys[body_key] = (AESGCM(data_key), envelope)
         return got
 
+    def nonce(self) -> bytes:
+        """A random 96-bit nonce; drawn 64 at a time (a getrandom() per record was a syscall per record)."""
+        if not self._nonces:
+            self._nonces = os.urandom(12 * 64)
+        nonce, self._nonces = self._nonces[:12], self._nonces[12:]
+        return nonce
+
 
 def seal(p: Pending, stream: str, seq: int, prev: str, keys: BatchKeys | None = None) -> Stored:
     """Encrypt the body under the batch's data key (`keys`; None: a batch of this record alone) and chain the
     record after `prev` (the stream's record `seq - 1`)."""
     ciphertext, envelope = b"", None
+    keys = keys or BatchKeys()
     if p.body is not None:
-        aead, shared = (keys or BatchKeys()).key(p.body_key)
-        nonce = os.urandom(12)  # 96 random bits per record: at most a batch's records share a key
+        aead, shared = keys.key(p.body_key)
+        nonce = keys.nonce()  # 96 random bits per record: at most a batch's records share a key
         ciphertext = aead.encrypt(nonce, p.body, p.id.encode())
         envelope = {**shared, "nonce": base64.b64encode(nonce).decode()}
     meta = {
@@ -124,7 +154,7 @@ def seal(p: Pending, stream: str, seq: int, prev: str, keys: BatchKeys | None = 
         "seq": seq,
         "prev": prev,
         "at": iso(p.at),
-        "archived_at": iso(datetime.now(UTC).timestamp()),
+        "archived_at": keys.archived_at,
         "kind": p.kind,
         "verdict": p.verdict,
         "reason": p.reason,
@@ -134,7 +164,7 @@ def seal(p: Pending, stream: str, seq: int, prev: str, keys: BatchKeys | None = 
         "identity": p.identity,
         "username": p.username,
         "key_name": p.key_name,
-        "chain": [base64.b64encode(c).decode() for c in p.chain],
+        "chain": [_b64(c) for c in p.chain],
         "replay_keys": [k.hex() for k in p.replay_keys],
         "message_id": p.message_id,
         "request_id": p.request_id,
@@ -144,6 +174,12 @@ def seal(p: Pending, stream: str, seq: int, prev: str, keys: BatchKeys | None = 
     }
     text = canonical(meta)
     return Stored(text, ciphertext, record_hash(text, ciphertext))
+
+
+@functools.lru_cache(maxsize=64)
+def _b64(der: bytes) -> str:
+    """A certificate's base64: the same few signers' chains come record after record."""
+    return base64.b64encode(der).decode()
 
 
 def public_key_der(key: rsa.RSAPublicKey) -> bytes:
@@ -162,21 +198,22 @@ def _key_id(key: rsa.RSAPublicKey) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# A pending record as the spool keeps it (filters/stores/archive/spool.py): a JSON header (the scalar fields and
-# the lengths of the binary fields), then the binary fields as they are: no base64 on the request's path.
+# A pending record as the spool keeps it (filters/stores/archive/spool.py): a JSON header (a list: the scalar
+# fields in _SCALARS' order, the replay keys, the lengths of the binary fields, whether it has a body), then the
+# binary fields as they are: no base64, no dict on the request's path.
 
 _FRAME = struct.Struct(">II")
+_HEADER = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def to_spool(p: Pending) -> list[bytes]:
     """The frame, as the buffers a writev() appends (the body is not copied)."""
     blobs = (p.body_key, *p.chain, p.body or b"")
-    head = {f: getattr(p, f) for f in _SCALARS}
-    head["replay_keys"] = [k.hex() for k in p.replay_keys]
-    head["blobs"] = [len(b) for b in blobs]
-    head["has_body"] = p.body is not None
-    text = json.dumps(head).encode()
-    return [_FRAME.pack(len(text), sum(head["blobs"])), text, *blobs]
+    lengths = [len(b) for b in blobs]
+    text = _HEADER([p.kind, p.verdict, p.route, p.profile, p.policy_hash, p.at, p.reason, p.identity, p.username,
+                    p.key_name, p.message_id, p.request_id, p.size, p.body_omitted, p.id,
+                    [k.hex() for k in p.replay_keys], lengths, p.body is not None]).encode()  # fmt: skip
+    return [_FRAME.pack(len(text), sum(lengths)), text, *blobs]
 
 
 def from_spool(data: bytes, offset: int) -> tuple[Pending, int] | None:
@@ -189,7 +226,11 @@ def from_spool(data: bytes, offset: int) -> tuple[Pending, int] | None:
     if end > len(data):
         return None
     head = json.loads(data[start : start + n_head])
-    if "blobs" in head:
+    if isinstance(head, list):
+        *scalars, replay_keys, blobs, has_body = head
+        head = {**dict(zip(_SCALARS, scalars, strict=True)), "replay_keys": replay_keys, "blobs": blobs,
+                "has_body": has_body}  # fmt: skip
+    if "blobs" in head:  # this version's, or the one before (the same fields in a JSON object)
         at, blobs = start + n_head, []
         for n in head["blobs"]:
             blobs.append(data[at : at + n])

@@ -181,6 +181,9 @@ class SegmentStore:
 
 def _line(rec: Stored) -> str:
     """The record's segment line, as json.dumps({"meta", "body", "hash"}) writes it, without a dict's encoding:
-    the meta text is the only part that needs escaping (hex and base64 never do)."""
+    the meta text is the only part that needs escaping (hex and base64 never do), and being canonical JSON (ASCII,
+    control characters escaped already) only its backslashes and quotes do: two str.replace, not json.dumps'
+    loop over every character."""
     body = base64.b64encode(rec.body).decode()
-    return f'{{"meta": {json.dumps(rec.meta)}, "body": "{body}", "hash": "{rec.hash}"}}\n'
+    meta = rec.meta.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{{"meta": "{meta}", "body": "{body}", "hash": "{rec.hash}"}}\n'

@@ -11,11 +11,11 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-import queue
 import threading
 import time
 from pathlib import Path
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from prometheus_client import Counter, Gauge
@@ -61,8 +61,9 @@ class Writer:
         self.store = open_store(policy)
         self.signer = keys.load_private_key(policy.signing_key)
         self.spool = Spool(Path(policy.directory) / "spool", policy.stream)
-        # (record, the spool's offset after it): marked done in the spool once archived
-        self.queue: queue.Queue[tuple[Pending, int]] = queue.Queue(maxsize=policy.queue_size)
+        # (record, the spool's offset after it): marked done in the spool once archived. A deque, not a
+        # queue.Queue: the writer wakes on its batch timer, so an append needs no lock and wakes no thread.
+        self.queue: collections.deque[tuple[Pending, int]] = collections.deque()
         self.available = True
         self._last_orphans = 0.0
         self._since_checkpoint, self._last_checkpoint = 0, time.monotonic()
@@ -75,9 +76,9 @@ class Writer:
 
     def submit(self, p: Pending) -> bool:
         """Spool and queue `p`; False when the queue is full. Called from the worker's one thread only."""
-        if self.queue.full():
+        if len(self.queue) >= self.policy.queue_size:
             return False
-        self.queue.put_nowait((p, self.spool.append(p)))
+        self.queue.append((p, self.spool.append(p)))
         return True
 
     def close(self, timeout_s: float) -> None:
@@ -85,7 +86,7 @@ class Writer:
         self._stopping.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            log.error("archive stream %s: %d records not written at stop", self.policy.stream, self.queue.qsize())
+            log.error("archive stream %s: %d records not written at stop", self.policy.stream, len(self.queue))
             return  # the spool stays: another writer of the stream takes it over
         self.spool.close()
         self.store.close()
@@ -132,20 +133,15 @@ class Writer:
         time.sleep(0.5)
 
     def _take(self) -> list[tuple[Pending, int]]:
-        try:
-            batch = [self.queue.get(timeout=0.2)]
-        except queue.Empty:
-            return []
-        if self.queue.qsize() < BATCH - 1:
+        if len(self.queue) < BATCH:
             # Group commit: a batch's fixed cost (two fsyncs, the lock, the head) is most of a small batch's; the
-            # records wait in the spool meanwhile, the request never does. A stopping writer does not wait.
+            # records wait in the spool meanwhile, the request never does. The writer wakes on this timer, never
+            # per record. A stopping writer does not wait.
             self._stopping.wait(BATCH_WAIT_S)
-        while len(batch) < BATCH:
-            try:
-                batch.append(self.queue.get_nowait())
-            except queue.Empty:
-                break
-        DEPTH.labels(stream=self.policy.stream).set(self.queue.qsize())
+        batch = []
+        while self.queue and len(batch) < BATCH:
+            batch.append(self.queue.popleft())  # the only taker: what len() saw is there
+        DEPTH.labels(stream=self.policy.stream).set(len(self.queue))
         return batch
 
     def _write(self, batch: list[Pending]) -> None:
@@ -219,6 +215,7 @@ class RouteArchive:
         if not isinstance(public, rsa.RSAPublicKey):
             raise faults.server(f"route {route.name}: archive.body_key_certificate is not an RSA certificate")
         self.body_key = public_key_der(public)
+        self._queued = RECORDS.labels(route=self.route, outcome="queued")  # per record: looked up once
 
     def keeps(self, what: ArchiveKeep) -> bool:
         return what in self.policy.keep
@@ -256,7 +253,7 @@ class RouteArchive:
             RECORDS.labels(route=self.route, outcome="metadata_only").inc()
             p.body, p.body_omitted = None, "oversize"
         if self.writer.submit(p):
-            RECORDS.labels(route=self.route, outcome="queued").inc()
+            self._queued.inc()
             return
         if refusing and self.policy.when_full == "refuse":
             RECORDS.labels(route=self.route, outcome="refused_full").inc()
@@ -275,7 +272,22 @@ def _evidence(p: Pending, out: Outcome) -> None:
     if v.key_reference is not None and v.key_reference.kind == "key_name":
         p.key_name = v.key_reference.value
     chain = v.signer_chain or ((v.signer_certificate,) if v.signer_certificate is not None else ())
-    p.chain = tuple(c.public_bytes(serialization.Encoding.DER) for c in chain)
+    p.chain = tuple(_der(c) for c in chain)
+
+
+_ders: dict[int, tuple[x509.Certificate, bytes]] = {}
+
+
+def _der(cert: x509.Certificate) -> bytes:
+    """A certificate's DER, kept per certificate object: the trust store's validation cache hands the same chain's
+    objects to request after request, and serializing them again was a good part of an rsa record's cost on the
+    request's path. An entry holds its object, so that object's id is not another's while it is here."""
+    got = _ders.get(id(cert))
+    if got is None or got[0] is not cert:
+        if len(_ders) >= 256:
+            _ders.clear()
+        got = _ders[id(cert)] = (cert, cert.public_bytes(serialization.Encoding.DER))
+    return got[1]
 
 
 class Archives:
