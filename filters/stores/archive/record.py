@@ -16,6 +16,7 @@ import functools
 import hashlib
 import itertools
 import json
+import operator
 import os
 import struct
 import uuid
@@ -210,9 +211,7 @@ def to_spool(p: Pending) -> list[bytes]:
     """The frame, as the buffers a writev() appends (the body is not copied)."""
     blobs = (p.body_key, *p.chain, p.body or b"")
     lengths = [len(b) for b in blobs]
-    text = _HEADER([p.kind, p.verdict, p.route, p.profile, p.policy_hash, p.at, p.reason, p.identity, p.username,
-                    p.key_name, p.message_id, p.request_id, p.size, p.body_omitted, p.id,
-                    [k.hex() for k in p.replay_keys], lengths, p.body is not None]).encode()  # fmt: skip
+    text = _HEADER([*_scalars(p), [k.hex() for k in p.replay_keys], lengths, p.body is not None]).encode()
     return [_FRAME.pack(len(text), sum(lengths)), text, *blobs]
 
 
@@ -251,6 +250,7 @@ def from_spool(data: bytes, offset: int) -> tuple[Pending, int] | None:
 
 _SCALARS = ("kind", "verdict", "route", "profile", "policy_hash", "at", "reason", "identity", "username", "key_name",
             "message_id", "request_id", "size", "body_omitted", "id")  # fmt: skip
+_scalars = operator.attrgetter(*_SCALARS)  # a record's scalar fields in that order, read in C
 
 
 class BodyKeyError(ValueError):

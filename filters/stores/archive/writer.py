@@ -9,6 +9,7 @@ batch that failed is retried, not lost; a stopping worker drains its queue (SIGT
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import logging
 import threading
@@ -275,19 +276,12 @@ def _evidence(p: Pending, out: Outcome) -> None:
     p.chain = tuple(_der(c) for c in chain)
 
 
-_ders: dict[int, tuple[x509.Certificate, bytes]] = {}
-
-
+@functools.lru_cache(maxsize=256)
 def _der(cert: x509.Certificate) -> bytes:
-    """A certificate's DER, kept per certificate object: the trust store's validation cache hands the same chain's
-    objects to request after request, and serializing them again was a good part of an rsa record's cost on the
-    request's path. An entry holds its object, so that object's id is not another's while it is here."""
-    got = _ders.get(id(cert))
-    if got is None or got[0] is not cert:
-        if len(_ders) >= 256:
-            _ders.clear()
-        got = _ders[id(cert)] = (cert, cert.public_bytes(serialization.Encoding.DER))
-    return got[1]
+    """A certificate's DER, kept per certificate: the trust store's validation cache hands the same chains to
+    request after request, and serializing them again was a good part of an rsa record's cost on the request's
+    path."""
+    return cert.public_bytes(serialization.Encoding.DER)
 
 
 class Archives:
