@@ -10,7 +10,7 @@ fresh lookup. (`wssecurity.Verified` is what a whole Security header proved; one
 
 With a route's optimizations (filters/engine/wss/optimizations.py), references in the usual shape (one exclusive C14N
 transform) are digested directly (filters/engine/xml/c14n.py) and the SignatureValue is checked over the canonical
-SignedInfo (an HMAC by `hmac`, RSA by xmlsec); a signature that does not verify that way goes through xmlsec's
+SignedInfo (an HMAC by `hmac`, RSA by `cryptography`); a signature that does not verify that way goes through xmlsec's
 full verification, which decides. Signing computes the same digests and signs the canonical SignedInfo the same
 way.
 
