@@ -28,8 +28,9 @@ T = TypeVar("T")
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 # Wider than Linux's default (32768-60999) and macOS's (49152-65535): used where the range cannot be read.
 FALLBACK_EPHEMERAL = (32768, 65535)
-LOWEST = 10000  # below: the well-known and registered ports of the machine's own services
-BLOCK = 256  # ports per reservation: a gateway takes 9 (one worker) to 5 + 4 x workers
+# Below: fixed ports of the machine's services, `wsgate up`'s defaults among them (8080, 8443, 9100, 9901...).
+LOWEST = 10000
+BLOCK = 256  # ports per reservation: a gateway takes 5 + 4 x workers
 DIR_ENV = "WSGATE_PORTS_DIR"  # where the block locks are; default: wsgate-ports-<uid> under the temp directory
 
 
@@ -162,8 +163,8 @@ def release(ports: Iterable[int]) -> None:
 
 
 def listens(pid: int, port: int) -> bool:
-    """Whether process `pid` itself listens on TCP `port` (any address): a connection that succeeds may have
-    reached another process that took the port."""
+    """Whether process `pid` itself listens on TCP `port` (any address), from Linux's /proc: a connection that
+    succeeds may have reached another process that took the port."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
