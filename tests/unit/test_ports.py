@@ -5,6 +5,7 @@ process of the run (each reserves its own blocks), not by this process's next ca
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -105,3 +106,21 @@ def test_bind_failures_are_told_from_other_failures() -> None:
     assert ports.bind_failed(b"Error: cannot listen on 127.0.0.1:9100: Address already in use (os error 98)")
     assert ports.bind_failed(b"listen tcp 127.0.0.1:4318: bind: address already in use")
     assert not ports.bind_failed(b"Permission denied\nconnection refused")
+
+
+def test_a_forked_child_never_hands_out_its_parents_ports() -> None:
+    mine = ports.free_ports(10)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own blocks, not a copy of the parent's
+        try:
+            os.write(write, json.dumps(ports.free_ports(10)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        childs = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    after = ports.free_ports(10)  # what this process hands out next
+    assert not set(childs) & {*mine, *after}
+    ports.release([*mine, *after])
