@@ -283,6 +283,7 @@ mod tests {
             let held = pool.0.len();
             for first in below.chain(above) {
                 // A block this process holds already fails too: flock conflicts between open files, not processes.
+                // (File::try_lock, flock on Unix: Rust 1.89.)
                 let file =
                     std::fs::File::options().append(true).create(true).open(dir.join(format!("block-{first}.lock")));
                 let file = file.unwrap();
