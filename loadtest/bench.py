@@ -49,7 +49,8 @@ from typing import IO, Any
 
 from certs import hsm, pki
 from filters.engine.wss import secure_conversation as sc
-from gateway.control.supervisor import Gateway, Options, default_workers, free_ports
+from gateway.control.ports import free_ports
+from gateway.control.supervisor import Gateway, Options, default_workers
 from gateway.policy import PolicySet, load_dir
 from loadtest import attachment_gateway, engine_cpu, outbound, targets, variants
 from loadtest.archive import with_archive

@@ -13,7 +13,7 @@ import pytest
 
 from certs import hsm as hsm_mod
 from certs import pki as pki_mod
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import free_ports
 from tests.support.harness import GatewayFactory, start_redis, stop
 from tests.support.partner import Wss4jPartner
 from tests.support.postgres import Postgres, remove, start_postgres

@@ -80,6 +80,20 @@ def _step(admin: _Admin, directory: Path, name: str, text: str, subscription: st
     admin.wait(f"{name} version {version}", (rejected, applied, warming), done, STEP_TIMEOUT)
 
 
+def check_listeners(directory: Path, admin_port: int) -> None:
+    """Once a starting Envoy is ready: raise DeliveryError unless it took lds.yaml. It becomes ready, and runs on,
+    even when it refused the file (a listener it could not bind: another process may listen on that port)."""
+    rejected, applied = f"{LDS}.update_rejected", f"{LDS}.version_text"
+    version = envoy_config.version((directory / "lds.yaml").read_text())
+
+    def done(stats: dict[str, str]) -> bool:
+        if stats.get(rejected, "0") != "0":
+            raise DeliveryError(f"envoy refused its listeners (lds.yaml version {version}); see its log")
+        return stats.get(applied) == version
+
+    _Admin(admin_port).wait(f"lds.yaml version {version}", (rejected, applied), done, STEP_TIMEOUT)
+
+
 def deliver(files: dict[str, str], directory: Path, admin_port: int) -> None:
     """Bring a running Envoy from the files in `directory` to `files` (envoy_config.render's), in the order above."""
     admin = _Admin(admin_port)

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +30,9 @@ from filters.engine.outbound import OutboundPipeline
 from filters.engine.requester import RequesterError
 from filters.stores import replay
 from filters.stores.factory import RouteStores
-from gateway.control import envoy_config, envoy_delivery, rate_limit
+from gateway.control import envoy_config, envoy_delivery, ports, rate_limit
 from gateway.control.documents import load_checked
+from gateway.control.ports import PortInUse
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, REDIS_URL_ENV, PolicyError, PolicySet, check_body_budget
 
 log = logging.getLogger("wsgate.up")
@@ -61,24 +64,29 @@ class Options:
     envoy_max_heap_mb: int = 1024
     log_level: str = "warning"
 
+    # The ports on_free_ports reserved in this process (gateway/control/ports.py); release_ports hands them back.
+    reserved: tuple[int, ...] = ()
+
     @classmethod
     def on_free_ports(cls, workers: int, **fields: object) -> Options:
-        """Options whose every port is free on loopback and distinct (tests, benchmarks, side-by-side runs)."""
+        """Options whose every port is free on loopback, distinct, and reserved in this process until
+        `release_ports` (tests, benchmarks, side-by-side runs; gateway/control/ports.py)."""
         span = 2 * workers  # a port pair per worker, for replacing it
-        filter_base = free_consecutive_ports(span)
-        metrics = free_consecutive_ports(span)
-        while abs(metrics - filter_base) < span:
-            metrics = free_consecutive_ports(span)
-        taken = set(range(filter_base, filter_base + span)) | set(range(metrics, metrics + span))
-        while taken & set(singles := free_ports(5)):
-            pass
-        http, https, admin, backend, ratelimit = singles
+        filter_base = ports.free_consecutive_ports(span)
+        metrics = ports.free_consecutive_ports(span)
+        http, https, admin, backend, ratelimit = singles = ports.free_ports(5)
         defaults: dict[str, object] = {
             "workers": workers, "http_port": http, "https_port": https, "admin_port": admin,
             "filter_port": filter_base, "metrics_port": metrics, "backend": f"127.0.0.1:{backend}",
             "ratelimit_port": ratelimit,
+            "reserved": (*range(filter_base, filter_base + span), *range(metrics, metrics + span), *singles),
         }  # fmt: skip
         return cls(**{**defaults, **fields})  # type: ignore[arg-type]
+
+    def release_ports(self) -> None:
+        """Once the gateway has stopped: on_free_ports's ports may be handed out again in this process."""
+        ports.release(self.reserved)
+        self.reserved = ()
 
     def ports(self) -> list[tuple[str, int, str]]:
         """Every (host, port, role) `start` binds, a replaced worker's ports included."""
@@ -122,43 +130,16 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (held open together while chosen, so they differ)."""
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def free_consecutive_ports(count: int) -> int:
-    """The first of `count` consecutive free loopback ports (filter workers listen on consecutive ports)."""
-    base = free_ports(1)[0]
-    while True:
-        try:
-            for p in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            base += count + 1
-
-
-def _wait_tcp(host: str, port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+    """Until `proc` listens on `port` (itself: another process may have taken the port)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with status {proc.returncode} while starting")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")
+        if ports.listens(proc.pid, port):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout:.0f}s")
 
 
 def _can_bind(host: str, port: int) -> bool:
@@ -179,7 +160,7 @@ def check_ports(opts: Options) -> None:
         f"port {port} ({role}) is taken on {host}" for host, port, role in opts.ports() if not _can_bind(host, port)
     ]
     if taken:
-        raise RuntimeError("; ".join(taken) + "; nothing was started")
+        raise PortInUse("; ".join(taken) + "; nothing was started")
 
 
 def _rss_mb(pid: int) -> float:
@@ -228,12 +209,29 @@ class Gateway:
         self.policies: PolicySet | None = None
         self._signature: tuple[tuple[str, int, int], ...] = ()
         self.logs = opts.run_dir / "logs"
+        self._log_start: dict[str, int] = {}  # where each process's log was when it was last spawned
 
     # -- start ---------------------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self.logs.mkdir(parents=True, exist_ok=True)
         out = open(self.logs / f"{name}.log", "ab")
+        self._log_start[name] = out.tell()
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env or self.env)
+
+    @contextmanager
+    def _binding(self, name: str) -> Iterator[None]:
+        """Around the wait for process `name` to start: when it failed because a port it binds is taken (its log
+        since it was spawned says so), PortInUse instead of RuntimeError."""
+        try:
+            yield
+        except PortInUse:
+            raise
+        except RuntimeError as exc:
+            with open(self.logs / f"{name}.log", "rb") as f:
+                f.seek(self._log_start.get(name, 0))
+                if ports.bind_failed(f.read()):
+                    raise PortInUse(f"{exc}: a port it binds is taken (address already in use)") from exc
+            raise
 
     def _spawn_worker(self, i: int, port: int, timeout: float = 30) -> subprocess.Popen[bytes]:
         """Start worker i on `port` and return once it accepts exchanges."""
@@ -247,10 +245,11 @@ class Gateway:
             argv += ["--metrics-port", str(o.metrics_port + port - o.filter_port)]
         proc = self._spawn(f"filter-{i}", argv)
         deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"filter worker {i} did not start; see {self.logs}/filter-{i}.log")
-            time.sleep(0.02)
+        with self._binding(f"filter-{i}"):
+            while not ready.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"filter worker {i} did not start; see {self.logs}/filter-{i}.log")
+                time.sleep(0.02)
         return proc
 
     def _recycle_worker(self, i: int) -> None:
@@ -322,8 +321,8 @@ class Gateway:
             self.backend = self._spawn(
                 "backend", [sys.executable, "-m", "gateway.tools.demo_backend", "--listen", o.backend]
             )
-            host, port = o.backend.rsplit(":", 1)
-            _wait_tcp(host, int(port), self.backend, "demo backend")
+            with self._binding("backend"):
+                _wait_listening(int(o.backend.rsplit(":", 1)[1]), self.backend, "demo backend")
         self.worker_ports = [o.filter_port + i for i in range(o.workers)]
         for i, port in enumerate(self.worker_ports):
             self.workers.append(self._spawn_worker(i, port))  # one by one: a failed start still stops the others
@@ -333,7 +332,8 @@ class Gateway:
             "--log-level", o.log_level, "--drain-time-s", "5", "--file-flush-interval-msec", "1000",
             # Several gateways (tests, side-by-side benchmarks) may share a machine: no fixed shared-memory id.
             "--use-dynamic-base-id"])  # fmt: skip
-        self._wait_envoy_ready()
+        with self._binding("envoy"):
+            self._wait_envoy_ready()
 
     def _start_shared_store(self) -> None:
         """Several workers must see each other's replay entries (and contexts): give them one Redis; so do routes
@@ -390,12 +390,13 @@ class Gateway:
                 f"routes have quotas and the rate-limit service is not built at {binary}: make ratelimit"
             )
         if not _can_bind("127.0.0.1", o.ratelimit_port):
-            raise RuntimeError(f"port {o.ratelimit_port} (the rate-limit service) is taken on 127.0.0.1")
+            raise PortInUse(f"port {o.ratelimit_port} (the rate-limit service) is taken on 127.0.0.1")
         root = (o.run_dir / "ratelimit").resolve()
         rate_limit.write(self.policies, root)
         env = rate_limit.environment(f"127.0.0.1:{o.ratelimit_port}", root, self.env[REDIS_URL_ENV])
         self.ratelimit = self._spawn("ratelimit", [str(binary)], {**self.env, **env})
-        _wait_tcp("127.0.0.1", o.ratelimit_port, self.ratelimit, "the rate-limit service")
+        with self._binding("ratelimit"):
+            _wait_listening(o.ratelimit_port, self.ratelimit, "the rate-limit service")
 
     def _stop_rate_limit(self) -> None:
         if self.ratelimit is not None and self.ratelimit.poll() is None:
@@ -424,7 +425,8 @@ class Gateway:
             try:
                 with urllib.request.urlopen(url, timeout=0.5) as r:
                     if r.status == 200:
-                        _wait_tcp(self.opts.bind, self.opts.http_port, self.envoy, "envoy")
+                        envoy_delivery.check_listeners(self.opts.run_dir / "envoy", self.opts.admin_port)
+                        _wait_listening(self.opts.http_port, self.envoy, "envoy")
                         return
             except OSError:
                 pass

@@ -15,7 +15,7 @@ import redis
 import requests
 
 from filters.stores.partner_contexts import decode_context
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import free_ports
 from gateway.policy import REDIS_URL_ENV
 from gateway.tools.client import ClientError, http_post
 from tests.support.harness import GatewayFactory, LiveGateway

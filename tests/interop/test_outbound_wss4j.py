@@ -22,7 +22,7 @@ from cryptography import x509
 from lxml import etree
 
 from filters.stores.partner_contexts import decode_context
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import free_ports
 from gateway.policy import REDIS_URL_ENV
 from gateway.tools.wsdl_import import import_wsdl
 from tests.support.harness import GatewayFactory, LiveGateway

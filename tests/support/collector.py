@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import PortInUse, bind_failed, free_ports, retried_if_taken
 
 MODULE = Path(__file__).resolve().parent / "jaeger"
 
@@ -67,33 +67,45 @@ def _config(otlp: int, query: int, query_grpc: int, health: int) -> dict:
     }  # fmt: skip
 
 
+def _start(exe: Path, tmp: Path) -> tuple[subprocess.Popen[bytes], Collector]:
+    otlp, query, query_grpc, health = free_ports(4)
+    config = tmp / f"jaeger-{otlp}.yaml"
+    config.write_text(yaml.safe_dump(_config(otlp, query, query_grpc, health)))
+    log = tmp / f"jaeger-{otlp}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(exe), "--config", f"file:{config}"], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if requests.get(f"http://127.0.0.1:{health}/status", timeout=1).ok:
+                return proc, Collector(otlp=f"127.0.0.1:{otlp}", query=f"http://127.0.0.1:{query}")
+        except requests.ConnectionError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            said = log.read_bytes()
+            if bind_failed(said):
+                raise PortInUse(f"Jaeger could not bind one of its ports; see {log}")
+            pytest.fail(f"Jaeger did not start: {said[-2000:].decode()}")
+        time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:  # its HTTP servers drain idle keep-alive connections first
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def jaeger(tmp: Path) -> Iterator[Collector]:
     exe = binary()
     if not exe.exists():
         pytest.fail(f"Jaeger is not built at {exe}: make jaeger")
-    otlp, query, query_grpc, health = free_ports(4)
-    config = tmp / "jaeger.yaml"
-    config.write_text(yaml.safe_dump(_config(otlp, query, query_grpc, health)))
-    log = open(tmp / "jaeger.log", "wb")
-    proc = subprocess.Popen([str(exe), "--config", f"file:{config}"], stdout=log, stderr=subprocess.STDOUT)
+    proc, collector = retried_if_taken(lambda: _start(exe, tmp), "Jaeger")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{health}/status", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Jaeger did not start: {(tmp / 'jaeger.log').read_text()[-2000:]}")
-            time.sleep(0.2)
-        yield Collector(otlp=f"127.0.0.1:{otlp}", query=f"http://127.0.0.1:{query}")
+        yield collector
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:  # its HTTP servers drain idle keep-alive connections first
-            proc.kill()
-            proc.wait()
-        log.close()
+        _stop(proc)

@@ -22,7 +22,8 @@ from lxml import etree
 
 from filters.engine.faults import content_type
 from filters.stores import replay
-from gateway.control.supervisor import Gateway, Options, free_ports
+from gateway.control.ports import PortInUse, bind_failed, free_ports, retried_if_taken
+from gateway.control.supervisor import Gateway, Options
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig
 from tests.support.wss_helpers import route_doc
@@ -46,18 +47,31 @@ def running_gateway(
     edge: dict | None = None,
     **options: object,
 ) -> Iterator[Gateway]:
-    """`routes` may use the placeholder BACKEND for the demo backend's address; `edge`: the policy's edge section."""
-    opts = Options.on_free_ports(workers, policies=tmp / "policies", certs=pki, run_dir=tmp / "run", **options)
-    if not metrics:
-        opts.metrics_port = None
-    backend_addr = opts.backend or ""
-    routes = yaml.safe_load(yaml.safe_dump(routes).replace("BACKEND", backend_addr))
-    write_policies(opts.policies, routes, edge)
-    if not backend:
-        opts.backend = None
-    with Gateway(opts) as gw:
+    """`routes` may use the placeholder BACKEND for the demo backend's address; `edge`: the policy's edge section.
+    A start that lost a port to another process is made once more on other ports (gateway/control/ports.py)."""
+
+    def start() -> Gateway:
+        opts = Options.on_free_ports(workers, policies=tmp / "policies", certs=pki, run_dir=tmp / "run", **options)
+        if not metrics:
+            opts.metrics_port = None
+        backend_addr = opts.backend or ""
+        write_policies(opts.policies, yaml.safe_load(yaml.safe_dump(routes).replace("BACKEND", backend_addr)), edge)
+        if not backend:
+            opts.backend = None
+        gw = Gateway(opts)
         gw.backend_addr = backend_addr  # type: ignore[attr-defined]
+        try:
+            return gw.__enter__()
+        except BaseException:
+            opts.release_ports()
+            raise
+
+    gw = retried_if_taken(start, "the test's gateway")
+    try:
         yield gw
+    finally:
+        gw.stop()
+        gw.opts.release_ports()
 
 
 def received(gw: Gateway) -> list[dict]:
@@ -172,33 +186,38 @@ REDIS_FLAGS = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
 
 
 def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A throwaway redis-server on a free loopback port; a few tries, as another process may take the port."""
+    """A throwaway redis-server on a free loopback port; started once more, on another, if it lost the port."""
     binary = shutil.which("redis-server")
     assert binary, "redis-server is needed: apt-get install -y redis-server"
-    for _ in range(5):
+
+    def start() -> tuple[subprocess.Popen[bytes], str]:
         port = free_ports(1)[0]
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--dir", str(tmp), *REDIS_FLAGS],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        log = tmp / f"redis-{port}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([binary, "--port", str(port), "--dir", str(tmp), *REDIS_FLAGS], stdout=out)
         url = f"redis://127.0.0.1:{port}/0"
         probe = redis.Redis.from_url(url)
         deadline = time.monotonic() + 10
         try:
             while proc.poll() is None and time.monotonic() < deadline:
                 try:
-                    # Ours, not some other server that took the port first.
-                    if probe.info("server")["process_id"] == proc.pid:
-                        replay.set_epoch(probe)  # as the supervisor does for its own Redis
-                        return proc, url
-                    break
+                    pid = probe.info("server")["process_id"]
                 except redis.ConnectionError:
                     time.sleep(0.05)
+                    continue
+                if pid != proc.pid:
+                    stop(proc)
+                    raise PortInUse(f"another redis-server answers on port {port}")
+                replay.set_epoch(probe)  # as the supervisor does for its own Redis
+                return proc, url
         finally:
             probe.close()
         stop(proc)
-    raise RuntimeError("redis-server did not start")
+        if bind_failed(log.read_bytes()):
+            raise PortInUse(f"redis-server could not bind port {port}; see {log}")
+        raise RuntimeError(f"redis-server did not start; see {log}")
+
+    return retried_if_taken(start, "redis-server")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

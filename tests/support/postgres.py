@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import PortInUse, bind_failed, free_ports, retried_if_taken
 
 USER = "wsgate"
 
@@ -43,7 +43,9 @@ class Postgres:
         return f"host=127.0.0.1 port={self.port} dbname=postgres user={USER} password={self.password}"
 
     def start(self) -> None:
-        log = open(self.data.parent / "postgres.log", "ab")
+        path = self.data.parent / "postgres.log"
+        log = open(path, "ab")
+        since = log.tell()
         self.proc = subprocess.Popen(
             [_binary("postgres"), "-D", str(self.data), "-p", str(self.port),
              "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.data.parent}"],
@@ -51,9 +53,9 @@ class Postgres:
         )  # fmt: skip
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (
-                f"postgres exited: {(self.data.parent / 'postgres.log').read_text()[-2000:]}"
-            )
+            if self.proc.poll() is not None:
+                said = path.read_bytes()[since:]
+                raise (PortInUse if bind_failed(said) else RuntimeError)(f"postgres exited: {said[-2000:].decode()}")
             try:
                 psycopg.connect(self.dsn, connect_timeout=2).close()
                 return
@@ -89,14 +91,17 @@ def start_postgres() -> Postgres:
         check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **_as_server_user(),
     )  # fmt: skip
     pwfile.unlink()
-    for _ in range(5):
+
+    def start() -> Postgres:
         pg = Postgres(data, free_ports(1)[0], password)
         try:
             pg.start()
-            return pg
-        except (AssertionError, RuntimeError):
+        except BaseException:
             pg.stop()
-    raise RuntimeError("postgres did not start")
+            raise
+        return pg
+
+    return retried_if_taken(start, "postgres")
 
 
 def remove(pg: Postgres) -> None:

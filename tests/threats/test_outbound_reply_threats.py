@@ -16,7 +16,7 @@ import requests
 from lxml import etree
 
 from filters.engine.outbound import PARTNER_REPLY_UNVERIFIED
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import free_ports
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.partner import SC_SERVICES, Service, Wss4jPartner, outbound_route, post, sc_outbound_route
 from tests.support.wss4j import WSU, soap_ns

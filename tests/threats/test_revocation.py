@@ -19,7 +19,7 @@ from cryptography.x509 import ocsp
 
 from certs import pki as pki_mod
 from filters.engine.wss import keys
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import free_ports
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientError, http_post
 from tests.support.harness import GatewayFactory, LiveGateway, LoopbackHttp, fault_code

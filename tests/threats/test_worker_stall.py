@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import free_ports
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.partner import post
 from tests.support.wss_helpers import echo, route_doc

@@ -16,6 +16,7 @@ import pytest
 import requests
 from lxml import etree
 
+from gateway.control.ports import free_ports
 from gateway.tools import demo_backend
 
 SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
@@ -406,9 +407,7 @@ def test_received_records_the_last_posts(url: str, conn: Conn) -> None:
 
 
 def test_module_runs_as_a_command() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        free = s.getsockname()[1]
+    free = free_ports(1)[0]
     command = [sys.executable, "-m", "gateway.tools.demo_backend", "--listen", f"127.0.0.1:{free}"]
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
         try:

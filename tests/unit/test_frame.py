@@ -29,7 +29,7 @@ from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
 from filters.engine.wss.replay import DeferredKey, before_epoch
 from filters.worker import FAULT_TABLE, MAX_MESSAGE_BYTES, REFUSALS, InFlight
 from filters.worker import Worker as FilterWorker
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import free_ports
 from tests.support.harness import content_type, envelope, write_policies
 
 LIMIT = 600_000  # two bodies of this size do not fit the workers' 1 MiB budget

@@ -29,7 +29,7 @@ import yaml
 
 from gateway.control import envoy_config, kubernetes
 from gateway.control.cli import build_parser
-from gateway.control.supervisor import free_ports
+from gateway.control.ports import free_ports
 from gateway.policy import GRACE_SECONDS, PolicyError, load_dir
 from tests.support.harness import write_policies
 from tests.unit.test_envoy_config import TOPO, assert_envoy_accepts, routes_of

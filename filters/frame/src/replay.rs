@@ -250,8 +250,51 @@ mod tests {
         }
     }
 
+    /// A loopback port for a redis-server started here, chosen by the rules and the block locks of
+    /// gateway/control/ports.py (which describes them): outside the kernel's ephemeral range, so no outgoing
+    /// connection takes it while Redis is down, and in a block this process holds, so no other test process
+    /// (cargo's or pytest's) hands it out. Never handed out twice in this process.
     fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        const LOWEST: u16 = 10000;
+        const BLOCK: u16 = 256;
+        static POOL: std::sync::Mutex<(Vec<std::fs::File>, Vec<u16>)> = std::sync::Mutex::new((Vec::new(), Vec::new()));
+        let mut pool = POOL.lock().unwrap();
+        loop {
+            while let Some(port) = pool.1.pop() {
+                if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                    return port;
+                }
+            }
+            let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+            let (low, high) = match range.split_whitespace().map(|v| v.parse::<u32>().unwrap()).collect::<Vec<_>>()[..]
+            {
+                [low, high] => (low, high),
+                _ => panic!("ip_local_port_range: {range}"),
+            };
+            let below = (u32::from(LOWEST)..low.saturating_sub(u32::from(BLOCK)) + 1).step_by(BLOCK.into());
+            let above = (u32::from(LOWEST).max(high + 1)..65536 - u32::from(BLOCK) + 1).step_by(BLOCK.into());
+            let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+            let dir = std::env::var_os("WSGATE_PORTS_DIR")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("wsgate-ports-{uid}")));
+            std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+                .create(&dir)
+                .unwrap();
+            let held = pool.0.len();
+            for first in below.chain(above) {
+                // A block this process holds already fails too: flock conflicts between open files, not processes.
+                // (File::try_lock, flock on Unix: Rust 1.89.)
+                let file =
+                    std::fs::File::options().append(true).create(true).open(dir.join(format!("block-{first}.lock")));
+                let file = file.unwrap();
+                if file.try_lock().is_ok() {
+                    pool.0.push(file);
+                    pool.1 = (first as u16..first as u16 + BLOCK).rev().collect();
+                    break;
+                }
+            }
+            assert!(pool.0.len() > held, "every loopback port block outside the ephemeral range is reserved");
+        }
     }
 
     /// A message fresher than any epoch: these tests are about its keys.
