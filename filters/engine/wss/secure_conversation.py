@@ -578,13 +578,14 @@ class MessageKeys:
     encryption: DerivedKey
 
 
+def context_key(ctx: Context, *, local_id: str | None = None, length: int = DEFAULT_DK_LENGTH) -> DerivedKey:
+    """A DerivedKeyToken for a message in `ctx`, with a fresh nonce, and its key. It references the SCT by
+    Identifier, or by `local_id` when the message carries the SCT in its header."""
+    ref = sct_reference(ctx.version, identifier=None if local_id else ctx.identifier, local_id=local_id)
+    return build_dkt(ctx.version, ref, ctx.prf, length=length)
+
+
 def message_keys(ctx: Context, *, local_id: str | None = None, length: int = DEFAULT_DK_LENGTH) -> MessageKeys:
-    """Two DerivedKeyTokens for one message in `ctx`, with distinct nonces: one to sign, one to encrypt.
-
-    They reference the SCT by Identifier, or by `local_id` when the message carries the SCT in its header."""
-
-    def fresh() -> DerivedKey:
-        ref = sct_reference(ctx.version, identifier=None if local_id else ctx.identifier, local_id=local_id)
-        return build_dkt(ctx.version, ref, ctx.prf, length=length)
-
-    return MessageKeys(signing=fresh(), encryption=fresh())
+    """Two DerivedKeyTokens for one message in `ctx`, with distinct nonces: one to sign, one to encrypt."""
+    return MessageKeys(signing=context_key(ctx, local_id=local_id, length=length),
+                       encryption=context_key(ctx, local_id=local_id, length=length))  # fmt: skip
