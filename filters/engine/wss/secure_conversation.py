@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from lxml import etree
 
@@ -198,13 +199,20 @@ def p_sha1(secret: bytes | KeyedSha1, seed: bytes, length: int) -> bytes:
     label + nonce, offset + length)."""
     if length < 0:
         raise ValueError(f"P_SHA1 length must not be negative, got {length}")
-    mac = (secret if isinstance(secret, KeyedSha1) else KeyedSha1(secret)).mac
-    out = bytearray()
+    keyed = secret if isinstance(secret, KeyedSha1) else KeyedSha1(secret)
+    inner, outer = keyed._inner, keyed._outer  # KeyedSha1.mac inlined: four HMACs for a 32-byte key
+    out = b""
     a = seed
     while len(out) < length:
-        a = mac(a)
-        out += mac(a + seed)
-    return bytes(out[:length])
+        h, o = inner.copy(), outer.copy()
+        h.update(a)
+        o.update(h.digest())
+        a = o.digest()
+        h, o = inner.copy(), outer.copy()
+        h.update(a + seed)
+        o.update(h.digest())
+        out += o.digest()
+    return out[:length]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -347,9 +355,9 @@ def header_scts(security: etree._Element) -> dict[str, Sct]:
     return {s.id: s for s in scts if s.id}
 
 
-@dataclass(frozen=True)
-class SctRef:
-    """How a message names an SCT: by the wsu:Id of one in the same Security header, or by its Identifier."""
+class SctRef(NamedTuple):
+    """How a message names an SCT: by the wsu:Id of one in the same Security header, or by its Identifier. (A
+    NamedTuple, as DerivedKeyToken: made per message, where a frozen dataclass's __init__ costs more.)"""
 
     version: Version
     local_id: str | None = None
@@ -421,8 +429,7 @@ SctResolver = Callable[[SctRef], Context]
 # DerivedKeyToken
 
 
-@dataclass(frozen=True)
-class DerivedKeyToken:
+class DerivedKeyToken(NamedTuple):
     """A parsed wsc:DerivedKeyToken. `offset` already accounts for a Generation (Generation x Length)."""
 
     version: Version
