@@ -16,6 +16,7 @@ does this but insists on Redis 7.4, and CI's Debian has 7.0."""
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -81,6 +82,7 @@ class TrackedKey(Generic[T]):
         self._conn.register_connect_callback(self._on_connect)
         self._lock = threading.Lock()  # one command at a time on the connection
         self._until = 0.0  # monotonic time the kept value may be used until; 0: nothing kept
+        self._arrived = select.poll()  # the connection's socket: readable when something was pushed (or it ended)
 
     def _on_connect(self, conn: redis.connection.AbstractConnection) -> None:
         # A new connection: whatever was pushed to the old one is lost, so nothing kept is trusted.
@@ -89,21 +91,20 @@ class TrackedKey(Generic[T]):
         if conn.read_response() != b"OK":
             raise redis.ConnectionError("CLIENT TRACKING refused")
         conn._parser.set_invalidation_push_handler(self._invalidated)  # as redis-py's own cache does
+        self._arrived = select.poll()
+        self._arrived.register(conn._sock, select.POLLIN)
 
     def _invalidated(self, _push: object) -> None:
         self._until = 0.0  # one key is tracked on this connection: any push is about it (or a flush)
 
     def get(self) -> T:
         with self._lock:
-            conn = self._conn
-            try:
-                while self._until and conn.can_read(0):  # what was pushed since, or the connection's end
-                    conn.read_response(push_request=True)
-            except (redis.ConnectionError, redis.TimeoutError):  # closed (a restart?): pushes lost, read afresh
-                conn.disconnect()
-                self._until = 0.0
+            # One poll(2) while nothing arrived: the parser's buffer is empty after every read (_take_pushes).
+            if self._until and self._arrived.poll(0):
+                self._take_pushes()
             if self._until > time.monotonic():
                 return self._value
+            conn = self._conn
             try:
                 conn.send_command("GET", self.key)
                 data = conn.read_response()
@@ -111,9 +112,20 @@ class TrackedKey(Generic[T]):
                 conn.disconnect()
                 self._until = 0.0
                 raise
-            value = self._value = self._decode(data)
+            self._value = self._decode(data)
             self._until = time.monotonic() + self._max_age_s
-            return value
+            self._take_pushes()  # any that came with the reply: about a change after it
+            return self._value
+
+    def _take_pushes(self) -> None:
+        """Read what was pushed (the handler forgets the value) up to the last byte received."""
+        conn = self._conn
+        try:
+            while conn.can_read(0):
+                conn.read_response(push_request=True)
+        except (redis.ConnectionError, redis.TimeoutError):  # closed (a restart?): pushes lost, read afresh
+            conn.disconnect()
+            self._until = 0.0
 
     def forget(self) -> None:
         """Read the key again next time (this process changed it)."""
