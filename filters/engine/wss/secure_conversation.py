@@ -512,13 +512,16 @@ def derive_key(dkt: DerivedKeyToken, secret: bytes | KeyedSha1) -> bytes:
     return p_sha1(secret, dkt.label + dkt.nonce, dkt.offset + dkt.length)[dkt.offset :]
 
 
-@dataclass(frozen=True)
-class ContextKey:
-    """A derived key a message uses, and the context it comes from."""
+class ContextKey(NamedTuple):
+    """A derived key a message uses, and the context it comes from. (A NamedTuple, as DerivedKey: one or two per
+    message.) Its repr leaves the key out."""
 
     id: str | None  # the DerivedKeyToken's wsu:Id: how the message's signature or EncryptedData names it
-    key: bytes = field(repr=False)
+    key: bytes
     context: Context
+
+    def __repr__(self) -> str:
+        return f"ContextKey(id={self.id!r}, context={self.context!r})"
 
 
 def derive(el: etree._Element, resolve: SctResolver) -> ContextKey:
@@ -528,13 +531,15 @@ def derive(el: etree._Element, resolve: SctResolver) -> ContextKey:
     return ContextKey(dkt.id, derive_key(dkt, ctx.prf), ctx)
 
 
-@dataclass(frozen=True)
-class DerivedKey:
-    """A DerivedKeyToken built for a message we send, and its key."""
+class DerivedKey(NamedTuple):
+    """A DerivedKeyToken built for a message we send, and its key. Its repr leaves the key out."""
 
     element: etree._Element
     id: str
-    key: bytes = field(repr=False)
+    key: bytes
+
+    def __repr__(self) -> str:
+        return f"DerivedKey(id={self.id!r})"
 
 
 def build_dkt(
