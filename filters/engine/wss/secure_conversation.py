@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from lxml import etree
 
@@ -198,13 +199,20 @@ def p_sha1(secret: bytes | KeyedSha1, seed: bytes, length: int) -> bytes:
     label + nonce, offset + length)."""
     if length < 0:
         raise ValueError(f"P_SHA1 length must not be negative, got {length}")
-    mac = (secret if isinstance(secret, KeyedSha1) else KeyedSha1(secret)).mac
-    out = bytearray()
+    keyed = secret if isinstance(secret, KeyedSha1) else KeyedSha1(secret)
+    inner, outer = keyed._inner, keyed._outer  # KeyedSha1.mac inlined: four HMACs for a 32-byte key
+    out = b""
     a = seed
     while len(out) < length:
-        a = mac(a)
-        out += mac(a + seed)
-    return bytes(out[:length])
+        h, o = inner.copy(), outer.copy()
+        h.update(a)
+        o.update(h.digest())
+        a = o.digest()
+        h, o = inner.copy(), outer.copy()
+        h.update(a + seed)
+        o.update(h.digest())
+        out += o.digest()
+    return out[:length]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -347,9 +355,9 @@ def header_scts(security: etree._Element) -> dict[str, Sct]:
     return {s.id: s for s in scts if s.id}
 
 
-@dataclass(frozen=True)
-class SctRef:
-    """How a message names an SCT: by the wsu:Id of one in the same Security header, or by its Identifier."""
+class SctRef(NamedTuple):
+    """How a message names an SCT: by the wsu:Id of one in the same Security header, or by its Identifier. (A
+    NamedTuple, as DerivedKeyToken: made per message, where a frozen dataclass's __init__ costs more.)"""
 
     version: Version
     local_id: str | None = None
@@ -421,8 +429,7 @@ SctResolver = Callable[[SctRef], Context]
 # DerivedKeyToken
 
 
-@dataclass(frozen=True)
-class DerivedKeyToken:
+class DerivedKeyToken(NamedTuple):
     """A parsed wsc:DerivedKeyToken. `offset` already accounts for a Generation (Generation x Length)."""
 
     version: Version
@@ -505,13 +512,16 @@ def derive_key(dkt: DerivedKeyToken, secret: bytes | KeyedSha1) -> bytes:
     return p_sha1(secret, dkt.label + dkt.nonce, dkt.offset + dkt.length)[dkt.offset :]
 
 
-@dataclass(frozen=True)
-class ContextKey:
-    """A derived key a message uses, and the context it comes from."""
+class ContextKey(NamedTuple):
+    """A derived key a message uses, and the context it comes from. (A NamedTuple, as DerivedKey: one or two per
+    message.) Its repr leaves the key out."""
 
     id: str | None  # the DerivedKeyToken's wsu:Id: how the message's signature or EncryptedData names it
-    key: bytes = field(repr=False)
+    key: bytes
     context: Context
+
+    def __repr__(self) -> str:
+        return f"ContextKey(id={self.id!r}, context={self.context!r})"
 
 
 def derive(el: etree._Element, resolve: SctResolver) -> ContextKey:
@@ -521,13 +531,15 @@ def derive(el: etree._Element, resolve: SctResolver) -> ContextKey:
     return ContextKey(dkt.id, derive_key(dkt, ctx.prf), ctx)
 
 
-@dataclass(frozen=True)
-class DerivedKey:
-    """A DerivedKeyToken built for a message we send, and its key."""
+class DerivedKey(NamedTuple):
+    """A DerivedKeyToken built for a message we send, and its key. Its repr leaves the key out."""
 
     element: etree._Element
     id: str
-    key: bytes = field(repr=False)
+    key: bytes
+
+    def __repr__(self) -> str:
+        return f"DerivedKey(id={self.id!r})"
 
 
 def build_dkt(
@@ -578,13 +590,14 @@ class MessageKeys:
     encryption: DerivedKey
 
 
+def context_key(ctx: Context, *, local_id: str | None = None, length: int = DEFAULT_DK_LENGTH) -> DerivedKey:
+    """A DerivedKeyToken for a message in `ctx`, with a fresh nonce, and its key. It references the SCT by
+    Identifier, or by `local_id` when the message carries the SCT in its header."""
+    ref = sct_reference(ctx.version, identifier=None if local_id else ctx.identifier, local_id=local_id)
+    return build_dkt(ctx.version, ref, ctx.prf, length=length)
+
+
 def message_keys(ctx: Context, *, local_id: str | None = None, length: int = DEFAULT_DK_LENGTH) -> MessageKeys:
-    """Two DerivedKeyTokens for one message in `ctx`, with distinct nonces: one to sign, one to encrypt.
-
-    They reference the SCT by Identifier, or by `local_id` when the message carries the SCT in its header."""
-
-    def fresh() -> DerivedKey:
-        ref = sct_reference(ctx.version, identifier=None if local_id else ctx.identifier, local_id=local_id)
-        return build_dkt(ctx.version, ref, ctx.prf, length=length)
-
-    return MessageKeys(signing=fresh(), encryption=fresh())
+    """Two DerivedKeyTokens for one message in `ctx`, with distinct nonces: one to sign, one to encrypt."""
+    return MessageKeys(signing=context_key(ctx, local_id=local_id, length=length),
+                       encryption=context_key(ctx, local_id=local_id, length=length))  # fmt: skip
