@@ -1049,7 +1049,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--archive", action="store_true",
                    help="every secured route archives (docs/audit.md): compare its rows with a run without")  # fmt: skip
     p.add_argument("--tracing", metavar="HOST:PORT",
-                   help="trace to this OTLP/HTTP collector (docs/tracing.md): the rows with tracing on")  # fmt: skip
+                   help="trace to this OTLP/HTTP collector (docs/tracing.md): the rows with tracing on, then on "
+                        "beside off in one run (loadtest/tracing_ab.py)")  # fmt: skip
     p.add_argument("--sampling-percent", type=float, default=1.0, help="with --tracing (the policy's default: 1)")
     p.add_argument("--quotas", action="store_true",
                    help="every route's quotas on, never reached (docs/quotas.md): the rows with quotas on")  # fmt: skip
@@ -1060,6 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
         args.policies = hsm_policies(args.policies, args.certs, args.out / "policies-hsm")
     if args.archive:
         args.policies = with_archive(args.policies, args.out / "policies-archive", args.out / "archive")
+    untraced = args.policies
     if args.tracing or args.quotas:
         out = args.out / "policies-observed"
         args.policies = variants.write(args.policies, out, args.tracing, args.sampling_percent, args.quotas)
@@ -1071,6 +1073,11 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out, policies=args.policies, certs=args.certs, hmac_key=args.hmac_key,
             chart=not args.no_chart, engine_scale=args.engine_scale, log=sys.stdout,
         )  # fmt: skip
+        if args.tracing:  # issue 27's row: on beside off in one run, finer than these rows beside another run's
+            from loadtest import tracing_ab  # it builds on this module
+
+            tracing_ab.run(args.tracing, args.sampling_percent, workers=args.workers, out=args.out,
+                           policies=untraced, certs=args.certs)  # fmt: skip
     except (ValueError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
