@@ -7,7 +7,7 @@ request is the utime+stime of that gateway's Envoy, filter workers and Redis fro
 the requests wrk completed; the ratio is taken per pair of neighbouring slices and reported as the median, with
 its spread, and the #27 target line (at most 1.05x).
 
-    .venv/bin/python -m loadtest.tracing_ab --collector 127.0.0.1:4318 [--profiles hmac,rsa] [--pairs 15]
+    .venv/bin/python -m loadtest.tracing_ab --collector 127.0.0.1:4318 [--profiles hmac,rsa] [--pairs 20]
 
 `python -m loadtest.bench --tracing HOST:PORT` runs it after its rows."""
 
@@ -79,7 +79,7 @@ def run(
     collector: str,
     sampling_percent: float = 1.0,
     profiles: tuple[str, ...] = ("hmac", "rsa"),
-    pairs: int = 15,
+    pairs: int = 20,
     slice_s: float = 3.0,
     threads: int = 2,
     connections: int = 16,
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--collector", required=True, metavar="HOST:PORT", help="OTLP/HTTP collector (make jaeger)")
     p.add_argument("--sampling-percent", type=float, default=1.0)
     p.add_argument("--profiles", default="hmac,rsa", help="comma-separated secured bench profiles")
-    p.add_argument("--pairs", type=int, default=15)
+    p.add_argument("--pairs", type=int, default=20)
     p.add_argument("--slice", type=float, default=3.0, help="seconds per slice")
     p.add_argument("--workers", type=int, default=None, help="filter workers per gateway (default: one per core)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
