@@ -1074,11 +1074,12 @@ def main(argv: list[str] | None = None) -> int:
             chart=not args.no_chart, engine_scale=args.engine_scale, log=sys.stdout,
         )  # fmt: skip
         if args.tracing:  # issue 27's row: on beside off in one run, finer than these rows beside another run's
-            from loadtest import tracing_ab  # it builds on this module
-
-            tracing_ab.run(args.tracing, args.sampling_percent, workers=args.workers, out=args.out,
-                           policies=untraced, certs=args.certs)  # fmt: skip
-    except (ValueError, RuntimeError) as exc:
+            ab = [sys.executable, "-m", "loadtest.tracing_ab", "--collector", args.tracing, "--sampling-percent",
+                  str(args.sampling_percent), "--out", str(args.out), "--policies", str(untraced), "--certs",
+                  str(args.certs), *(["--workers", str(args.workers)] if args.workers else [])]  # fmt: skip
+            sys.stdout.flush()
+            subprocess.run(ab, check=True)  # a process of its own: tracing_ab builds on this module
+    except (ValueError, RuntimeError, subprocess.CalledProcessError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -70,7 +70,7 @@ def _bodies(pool: Pool, prefix: Path, profile: str, per_thread: int, threads: in
 
 def spread(ratios: list[float]) -> str:
     """The ratios' median, quartiles and extremes."""
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
     return (f"{statistics.median(ratios):.3f}x (quartiles {q[0]:.3f}-{q[2]:.3f}, range {min(ratios):.3f}-"
             f"{max(ratios):.3f}, {len(ratios)} pairs)")  # fmt: skip
 
@@ -148,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slice", type=float, default=3.0, help="seconds per slice")
     p.add_argument("--workers", type=int, default=None, help="filter workers per gateway (default: one per core)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--policies", type=Path, default=DEFAULT_POLICIES, help="without tracing: it is added to a copy")
+    p.add_argument("--certs", type=Path, default=pki.DEFAULT_DIR)
     args = p.parse_args(argv)
     run(args.collector, args.sampling_percent, tuple(x for x in args.profiles.split(",") if x), args.pairs,
-        args.slice, workers=args.workers, out=args.out)  # fmt: skip
+        args.slice, workers=args.workers, out=args.out, policies=args.policies, certs=args.certs)  # fmt: skip
     return 0
 
 
