@@ -1050,7 +1050,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--archive", action="store_true",
                    help="every secured route archives (docs/audit.md): compare its rows with a run without")  # fmt: skip
     p.add_argument("--tracing", metavar="HOST:PORT",
-                   help="trace to this OTLP/HTTP collector (docs/tracing.md): the rows with tracing on")  # fmt: skip
+                   help="trace to this OTLP/HTTP collector (docs/tracing.md): the rows with tracing on, then on "
+                        "beside off in one run (loadtest/tracing_ab.py)")  # fmt: skip
     p.add_argument("--sampling-percent", type=float, default=1.0, help="with --tracing (the policy's default: 1)")
     p.add_argument("--quotas", action="store_true",
                    help="every route's quotas on, never reached (docs/quotas.md): the rows with quotas on")  # fmt: skip
@@ -1061,6 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
         args.policies = hsm_policies(args.policies, args.certs, args.out / "policies-hsm")
     if args.archive:
         args.policies = with_archive(args.policies, args.out / "policies-archive", args.out / "archive")
+    untraced = args.policies
     if args.tracing or args.quotas:
         out = args.out / "policies-observed"
         args.policies = variants.write(args.policies, out, args.tracing, args.sampling_percent, args.quotas)
@@ -1072,7 +1074,13 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out, policies=args.policies, certs=args.certs, hmac_key=args.hmac_key,
             chart=not args.no_chart, engine_scale=args.engine_scale, log=sys.stdout,
         )  # fmt: skip
-    except (ValueError, RuntimeError) as exc:
+        if args.tracing:  # issue 27's row: on beside off in one run, finer than these rows beside another run's
+            ab = [sys.executable, "-m", "loadtest.tracing_ab", "--collector", args.tracing, "--sampling-percent",
+                  str(args.sampling_percent), "--out", str(args.out), "--policies", str(untraced), "--certs",
+                  str(args.certs), *(["--workers", str(args.workers)] if args.workers else [])]  # fmt: skip
+            sys.stdout.flush()
+            subprocess.run(ab, check=True)  # a process of its own: tracing_ab builds on this module
+    except (ValueError, RuntimeError, subprocess.CalledProcessError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -5,14 +5,18 @@ ignored, and nothing of the message, keys or identity in any span (docs/tracing.
 from __future__ import annotations
 
 import http.client
+import io
 import json
+import re
 import secrets
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from loadtest import tracing_ab
 from tests.support.collector import Collector, jaeger
 from tests.support.harness import GatewayFactory, LiveGateway
 from tests.support.wss_helpers import echo, route_doc
@@ -132,3 +136,20 @@ def _ids_after_sampled(traced: LiveGateway, collector: Collector) -> set[str]:
     assert post_from(traced, TRUSTED, body, {"traceparent": f"00-{trace}-{secrets.token_hex(8)}-01"}) == 200
     _wait_trace(collector, trace, {"wsgate.request", "wsgate.response"})
     return {t["traceID"] for service in ("wsgate-envoy", "wsgate-filter") for t in collector.traces(service)}
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="Debian's wrk is not installed (.ci/run installs it)")
+def test_the_bench_row_measures_tracing_on_beside_off_in_one_run(
+    tmp_path: Path, pki: Path, collector: Collector
+) -> None:
+    """loadtest/tracing_ab.py (issue 27's bench row): two gateways at once, slices of load alternating between
+    them, a ratio per pair and the target line; the traced one's spans reach the collector. Last in this module:
+    it floods the collector. A smoke run, never a measure."""
+    log = io.StringIO()
+    ratios = tracing_ab.run(collector.otlp, 100.0, ("hmac",), pairs=2, slice_s=1, workers=1, out=tmp_path,
+                            certs=pki, log=log)  # fmt: skip
+    assert len(ratios["hmac"]) == 2 and all(r > 0 for r in ratios["hmac"]), log.getvalue()
+    assert re.search(r"#27 target: .* 100% sampling: \d\.\d{3}x \(hmac, the dearest\) -> (met|MISSED)", log.getvalue())
+    routes = {tag["value"] for t in collector.traces("wsgate-filter") for s in t["spans"] for tag in s["tags"]
+              if tag["key"] == "wsgate.route"}  # fmt: skip
+    assert "hmac" in routes

@@ -1,15 +1,18 @@
 """Tracing in the model and Envoy's configuration: the tracer and its collector, trace headers kept only on the
-trusted callers' filter chain, and the worker's spans from the engine's stage hook (no collector here: the spans
-are read from an in-memory exporter). Through the running gateway, into a real collector: tests/e2e/test_tracing_e2e.py."""
+trusted callers' filter chain, and the worker's spans from the engine's stage hook (posted over OTLP/HTTP to a
+loopback receiver that decodes them). Through the running gateway, into a real collector: tests/e2e/test_tracing_e2e.py."""
 
 from __future__ import annotations
 
+import http.server
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from filters import tracing as worker_tracing
 from filters.engine import metrics
@@ -86,43 +89,117 @@ def test_tracing_errors_name_the_field(tmp_path: Path, bad: dict) -> None:
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-def worker_tracer() -> tuple[worker_tracing.Tracer, InMemorySpanExporter]:
-    tracer = worker_tracing.Tracer(TRACED)
-    exported = InMemorySpanExporter()
-    assert tracer.provider is not None
-    tracer.provider.add_span_processor(SimpleSpanProcessor(exported))
-    return tracer, exported
+class Receiver(http.server.ThreadingHTTPServer):
+    """An OTLP/HTTP trace receiver on loopback: the requests the worker's exporter posts, decoded."""
+
+    def __init__(self) -> None:
+        self.posted: list[ExportTraceServiceRequest] = []
+        self.paths: list[str] = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                receiver.paths.append(f"{self.path} {self.headers['content-type']}")
+                receiver.posted.append(ExportTraceServiceRequest.FromString(body))
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def spans(self) -> list[Span]:
+        return [span for r in self.posted for rs in r.resource_spans for ss in rs.scope_spans for span in ss.spans]
 
 
-def test_the_workers_stage_spans_are_children_of_envoys_span(pki: Path) -> None:
-    tracer, exported = worker_tracer()
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def worker_tracer(receiver: Receiver) -> worker_tracing.Tracer:
+    return worker_tracing.Tracer(TRACED.model_copy(update={"collector": f"127.0.0.1:{receiver.server_port}"}))
+
+
+def test_the_workers_stage_spans_are_children_of_envoys_span(pki: Path, receiver: Receiver) -> None:
+    tracer = worker_tracer(receiver)
     route = make_route(pki, "rsa", name="rsa")
     spans = tracer.start({"traceparent": SAMPLED}, "rsa", "rsa", "request")
     assert spans is not None
     metrics.stages.hook = spans
     try:
         with metrics.stage(route, "security_header"), metrics.stage(None, "signature_check"):
+            metrics.then("c14n")
+        with metrics.stage(route, "schema"):
             pass
     finally:
         metrics.stages.hook = None
     spans.finish("FailedCheck")
-    by_name = {s.name: s for s in exported.get_finished_spans()}
-    phase, header, check = by_name["wsgate.request"], by_name["security_header"], by_name["signature_check"]
-    assert phase.context.trace_id == int(SAMPLED.split("-")[1], 16)
-    assert phase.parent.span_id == int(SAMPLED.split("-")[2], 16)  # Envoy's ext_proc span
-    assert header.parent.span_id == phase.context.span_id and check.parent.span_id == header.context.span_id
-    assert phase.attributes == {"wsgate.route": "rsa", "wsgate.profile": "rsa", "wsgate.phase": "request",
-                                "wsgate.fault": "FailedCheck"}  # fmt: skip
+    tracer.shutdown()  # what is batched goes out
+    assert receiver.paths == ["/v1/traces application/x-protobuf"]
+    (resource,) = [rs.resource for r in receiver.posted for rs in r.resource_spans]
+    assert [(a.key, a.value.string_value) for a in resource.attributes] == [("service.name", "wsgate-filter")]
+    by_name = {s.name: s for s in receiver.spans()}
+    assert sorted(by_name) == ["c14n", "schema", "security_header", "signature_check", "wsgate.request"]
+    phase, header, check, c14n = (by_name[n] for n in ("wsgate.request", "security_header", "signature_check", "c14n"))
+    assert {s.trace_id.hex() for s in by_name.values()} == {SAMPLED.split("-")[1]}
+    assert phase.parent_span_id.hex() == SAMPLED.split("-")[2]  # Envoy's ext_proc span
+    assert header.parent_span_id == phase.span_id and check.parent_span_id == header.span_id
+    assert c14n.parent_span_id == header.span_id and by_name["schema"].parent_span_id == phase.span_id
+    assert len({s.span_id for s in by_name.values()}) == 5 and all(len(s.span_id) == 8 for s in by_name.values())
+    assert all(phase.start_time_unix_nano <= s.start_time_unix_nano <= s.end_time_unix_nano <= phase.end_time_unix_nano
+               for s in by_name.values())  # fmt: skip
+    assert {a.key: a.value.string_value for a in phase.attributes} == {
+        "wsgate.route": "rsa", "wsgate.profile": "rsa", "wsgate.phase": "request", "wsgate.fault": "FailedCheck"}  # fmt: skip
+    assert phase.status.code == Status.StatusCode.STATUS_CODE_ERROR
+    assert all(not s.attributes and s.status.code == Status.StatusCode.STATUS_CODE_UNSET
+               for s in by_name.values() if s is not phase)  # fmt: skip
+
+
+def test_a_stage_a_fault_left_open_ends_with_its_phase(receiver: Receiver) -> None:
+    tracer = worker_tracer(receiver)
+    spans = tracer.start({"traceparent": SAMPLED}, "rsa", "rsa", "response")
+    assert spans is not None
+    spans.enter("secure")
+    spans.enter("signature_creation")
+    spans.finish(None)
     tracer.shutdown()
+    by_name = {s.name: s for s in receiver.spans()}
+    assert sorted(by_name) == ["secure", "signature_creation", "wsgate.response"]
+    assert {s.end_time_unix_nano for s in by_name.values()} == {by_name["wsgate.response"].end_time_unix_nano}
+    assert by_name["wsgate.response"].status.code == Status.StatusCode.STATUS_CODE_UNSET
 
 
-@pytest.mark.parametrize("headers", [{}, {"traceparent": SAMPLED[:-2] + "00"}, {"traceparent": "garbage"}])
-def test_no_span_unless_envoy_samples_the_exchange(headers: dict[str, str]) -> None:
-    tracer, exported = worker_tracer()
-    assert tracer.start(headers, "rsa", "rsa", "request") is None
-    assert exported.get_finished_spans() == ()
+@pytest.mark.parametrize("value", [SAMPLED[:-2] + "00", "garbage", SAMPLED + "-01", "01" + SAMPLED[2:],
+                                   SAMPLED.replace("0af7", "zzzz"), f"00-{'0' * 32}-b7ad6b7169203331-01",
+                                   f"00-0af7651916cd43dd8448eb211c80319c-{'0' * 16}-01", SAMPLED[:-1]])  # fmt: skip
+def test_no_span_unless_envoy_samples_the_exchange(value: str, receiver: Receiver) -> None:
+    tracer = worker_tracer(receiver)
+    assert tracer.start({}, "rsa", "rsa", "request") is None
+    assert tracer.start({"traceparent": value}, "rsa", "rsa", "request") is None
+    tracer.shutdown()
+    assert receiver.posted == []
     assert worker_tracing.Tracer(None).start({"traceparent": SAMPLED}, "rsa", "rsa", "request") is None
+
+
+def test_a_collector_down_drops_spans_and_fails_nothing(receiver: Receiver) -> None:
+    tracer = worker_tracer(receiver)
+    receiver.shutdown()
+    receiver.server_close()  # nothing listens on its port now
+    spans = tracer.start({"traceparent": SAMPLED}, "rsa", "rsa", "request")
+    assert spans is not None
+    spans.finish(None)
     tracer.shutdown()
+    assert receiver.posted == []
 
 
 def test_kubernetes_lets_envoy_and_the_filters_reach_the_collector_only(pki: Path) -> None:
