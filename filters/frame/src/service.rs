@@ -315,7 +315,7 @@ impl Stream {
             let in_flight = self.in_flight.as_ref().map(|s| s.clone_ref(py));
             let args = (self.route_name.as_str(), in_flight, outcome);
             let call = self.shared.worker.bind(py).call_method1("replay_refused", args);
-            call.and_then(|answer| Ok(answer.cast::<Answer>()?.get().read(py)?.0)).map_err(|err| err.display(py))
+            call.and_then(|answer| Ok(Answer::read(answer.cast::<Answer>()?)?.0)).map_err(|err| err.display(py))
         });
         match refused {
             Ok(Reply { status: Some(status), body, headers }) => {
@@ -348,12 +348,12 @@ impl Stream {
             let body = Py::new(py, Body(body))?; // the engine's view of the frame's bytes: no copy
             let args = (self.route_name.as_str(), phase, body, headers, in_flight, may_wait);
             let answer = self.shared.handle.bind(py).call1(args)?;
-            let answer = answer.cast::<Answer>()?.get();
-            if answer.elsewhere {
-                self.in_flight = Some(answer.in_flight.clone_ref(py));
+            let answer = answer.cast::<Answer>()?;
+            if answer.get().elsewhere {
+                self.in_flight = Some(answer.get().in_flight.clone_ref(py));
                 return Ok(None);
             }
-            let (reply, in_flight, replay) = answer.read(py)?;
+            let (reply, in_flight, replay) = Answer::read(answer)?;
             self.in_flight = Some(in_flight);
             Ok(Some((reply, replay)))
         })();
