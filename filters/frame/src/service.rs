@@ -176,6 +176,7 @@ impl Stream {
             let detail = format!("no XML policy for route {:?}", self.route_name);
             return self.refuse(Refusal::NoRoute, phase, metric_phase, detail);
         };
+        let bodyless = matches!(&request, In::ResponseHeaders(h) if h.end_of_stream);
         let result = match request {
             In::RequestHeaders(h) => self.request_headers(&route, h.end_of_stream).map(Out::RequestHeaders),
             In::ResponseHeaders(h) => self.response_headers(&route, &h).map(Out::ResponseHeaders),
@@ -187,8 +188,9 @@ impl Stream {
             In::ResponseTrailers(_) => Err((Refusal::Internal, "backend response with trailers".into())),
         };
         match result {
-            // A streamed route's headers wait for the whole body's verdict: answered, Envoy would pass them on.
-            Ok(Out::RequestHeaders(h) | Out::ResponseHeaders(h)) if route.streamed => {
+            // A streamed route's headers wait for the whole body's verdict: answered, Envoy would pass them on. A
+            // reply without a body (a 202, a 204) has none to wait for, as on a buffered route.
+            Ok(Out::RequestHeaders(h) | Out::ResponseHeaders(h)) if route.streamed && !bodyless => {
                 counters::phase(phase, Outcome::Passed);
                 self.held = h.response.and_then(|c| c.header_mutation).unwrap_or_default();
                 Step::Nothing
