@@ -253,7 +253,7 @@ impl Stream {
         if !b.end_of_stream {
             return Step::Nothing;
         }
-        Step::Engine(phase, self.chunks.split().freeze())
+        Step::Engine(phase, std::mem::take(&mut self.chunks).freeze()) // its allocation goes with it
     }
 
     /// The body phase: here, on the gRPC thread (a handoff to another thread costs more CPU than the whole of a
