@@ -71,6 +71,8 @@ REFUSALS: dict[str, faults.Fault] = {
     "busy": faults.server("busy", message="Service unavailable", status=503),
     "no_route": faults.server("no XML policy for route"),
     "internal": faults.server("internal error"),
+    # A streamed route's body ends at its last chunk: a message that goes on with trailers is not SOAP's.
+    "trailers": faults.client("request with trailers"),
 }
 
 
@@ -131,6 +133,7 @@ class Worker:
                 max_response_bytes=p.route.response_limits.max_body_bytes,
                 identity_header=p.route.identity_header,
                 waits_on_network=waits_on_network(p.route),
+                streamed=p.route.attachments.accept,  # as gateway/control/envoy_config.py sets Envoy's body modes
             )
             for name, p in self.engine.pipelines.items()
         }

@@ -24,6 +24,7 @@ class Route:
     max_response_bytes: int
     identity_header: str | None  # lowercase
     waits_on_network: bool  # its engine calls go to the engine threads (a partner STS, an OCSP responder)
+    streamed: bool  # Envoy streams its bodies (FULL_DUPLEX_STREAMED): the frame holds them, then answers
     def __new__(
         cls,
         *,
@@ -31,6 +32,7 @@ class Route:
         max_response_bytes: int,
         identity_header: str | None = None,
         waits_on_network: bool = False,
+        streamed: bool = False,
     ) -> Route: ...
 
 @final

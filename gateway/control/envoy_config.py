@@ -116,6 +116,19 @@ RESPONSE_TOO_LARGE = "response.code_details == 'response_payload_too_large'"
 RESPONSE_TOO_LARGE_TEXT = "The gateway could not process the message"
 # Envoy's edge recommendation for connections; routes that buffer bodies raise their own stream's limit.
 CONNECTION_BUFFER_BYTES = 32 * 1024
+# Routes taking attachments: Envoy streams the bodies to the filter and takes them back in chunks
+# (FULL_DUPLEX_STREAMED, which demands trailers SEND) instead of buffering them and taking a replaced package back
+# as one message: measured with Envoy 1.40 and 10 MB, about 23 ms of Envoy CPU per exchange against 32-48 ms
+# (docs/performance.md). The filter holds every chunk and answers the headers only after the whole message passed:
+# nothing goes on before. Envoy then sends the body chunked (it drops content-length in this mode).
+STREAMED_MODE = {
+    "request_header_mode": "SEND",
+    "response_header_mode": "SEND",
+    "request_body_mode": "FULL_DUPLEX_STREAMED",
+    "response_body_mode": "FULL_DUPLEX_STREAMED",
+    "request_trailer_mode": "SEND",
+    "response_trailer_mode": "SEND",
+}
 # extproc=: Envoy's own account of the ext_proc exchange, e.g. rh:1037:0,rb:1:613:0,sh:343:0,sb:1:374:0 (per phase:
 # calls and microseconds until the filter answered; loadtest/bench.py reads it for the round-trip breakdown).
 ACCESS_LOG_FORMAT = (
@@ -256,14 +269,17 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
             entry["route"]["rate_limits"] = rate_limit.route_rate_limits(route)
         if retry := outbound_config.retry_policy(route, action):
             entry["route"]["retry_policy"] = retry
-        if route.touches_xml:
+        if route.touches_xml and not route.attachments.accept:
             # The filter needs whole bodies: Envoy buffers up to this route's own limit (413 or 502 beyond).
             entry["request_body_buffer_limit"] = max(route.limits.max_body_bytes, route.response_limits.max_body_bytes)
         per_filter = _access(route)
         if route.touches_xml:
+            overrides: dict[str, Any] = {"grpc_initial_metadata": [{"key": ROUTE_METADATA, "value": route.name}]}
+            if route.attachments.accept:  # the frame holds the chunks (filters.worker's Route `streamed`)
+                overrides["processing_mode"] = STREAMED_MODE
             per_filter[EXT_PROC] = {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
-                "overrides": {"grpc_initial_metadata": [{"key": ROUTE_METADATA, "value": route.name}]},
+                "overrides": overrides,
             }
         entry["typed_per_filter_config"] = per_filter
         # The worker's operation header is for the rate-limit filter only (removed by the router, after it).

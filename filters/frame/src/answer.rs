@@ -12,7 +12,7 @@ use prost::bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyByteArray, PyList, PyTuple};
 use pyo3::{ffi, PyTypeInfo};
 
 use crate::replay::ReplayCheck;
@@ -84,27 +84,35 @@ pub struct Reply {
 }
 
 impl Answer {
-    pub fn read(&self, py: Python<'_>) -> PyResult<(Reply, Py<PyAny>, Option<Py<ReplayCheck>>)> {
-        let body = match &self.body {
+    /// The answer as Envoy gets it; `answer` is the engine's return value, whose only reference (when Python kept
+    /// none) is the caller's.
+    pub fn read(answer: &Bound<'_, Answer>) -> PyResult<(Reply, Py<PyAny>, Option<Py<ReplayCheck>>)> {
+        let (py, this) = (answer.py(), answer.get());
+        let body = match &this.body {
             None => None,
-            Some(b) => Some(segments(b.bind(py))?),
+            Some(b) => Some(segments(b.bind(py), refs(answer.as_any()) == 1)?),
         };
-        let headers = self.headers.iter().map(|(k, v)| header(k, v)).collect();
-        let reply = Reply { status: self.status, body, headers };
-        Ok((reply, self.in_flight.clone_ref(py), self.replay.as_ref().map(|r| r.clone_ref(py))))
+        let headers = this.headers.iter().map(|(k, v)| header(k, v)).collect();
+        let reply = Reply { status: this.status, body, headers };
+        Ok((reply, this.in_flight.clone_ref(py), this.replay.as_ref().map(|r| r.clone_ref(py))))
     }
 }
 
-/// A body's segments, each a read-only view of the Python object's memory kept alive (not copied) until HTTP/2 has
-/// sent Envoy's message. A writable buffer (a bytearray the engine decrypted into) is copied: it could change after
-/// it was measured.
-fn segments(body: &Bound<'_, PyAny>) -> PyResult<Vec<Bytes>> {
+/// A body's segments, each a view of the Python object's memory kept alive (not copied) until HTTP/2 has sent
+/// Envoy's message: a read-only buffer, or a bytearray (the engine decrypted or encrypted into it) that nothing but
+/// the answer reaches (`answer_alone`, and the body and the bytearray referenced only by their container): once
+/// exported it cannot be resized, and no Python code holds it to write into it. A writable buffer anything else
+/// may reach is copied: it could change after it was measured, while HTTP/2 reads it.
+fn segments(body: &Bound<'_, PyAny>, answer_alone: bool) -> PyResult<Vec<Bytes>> {
+    let body_alone = answer_alone && refs(body) == 1; // the answer's field
     let one = |b: Bound<'_, PyAny>| -> PyResult<Bytes> {
+        // its container's slot (the list's, or the answer's field) and `b` here
+        let alone = body_alone && refs(&b) == 2 && b.is_exact_instance_of::<PyByteArray>();
         let buffer = PyBuffer::<u8>::get(&b)?;
         if !buffer.is_c_contiguous() {
             return Err(PyBufferError::new_err("an answer's body must be contiguous bytes"));
         }
-        if !buffer.readonly() {
+        if !buffer.readonly() && !alone {
             return Ok(Bytes::from(buffer.to_vec(b.py())?));
         }
         Ok(Bytes::from_owner(Lent(buffer)))
@@ -116,7 +124,14 @@ fn segments(body: &Bound<'_, PyAny>) -> PyResult<Vec<Bytes>> {
     }
 }
 
-/// A Python buffer's bytes, readable without the GIL: the exporter is held and read-only (`segments`).
+/// How many references hold `obj` (the GIL held: none comes or goes meanwhile).
+fn refs(obj: &Bound<'_, PyAny>) -> isize {
+    // SAFETY: a live object, the GIL held.
+    unsafe { ffi::Py_REFCNT(obj.as_ptr()) }
+}
+
+/// A Python buffer's bytes, readable without the GIL: the exporter is held, and read-only or reached by nothing
+/// else (`segments`).
 struct Lent(PyBuffer<u8>);
 
 impl AsRef<[u8]> for Lent {
@@ -125,7 +140,8 @@ impl AsRef<[u8]> for Lent {
         if len == 0 {
             return &[];
         }
-        // SAFETY: a held, read-only, C-contiguous export of `len` bytes: valid and unchanged until released.
+        // SAFETY: a held C-contiguous export of `len` bytes, read-only or of a bytearray nothing else reaches:
+        // valid and unchanged until released.
         unsafe { std::slice::from_raw_parts(self.0.buf_ptr() as *const u8, len) }
     }
 }
@@ -158,5 +174,66 @@ pub fn header(key: &str, value: &str) -> HeaderValueOption {
         header: Some(HeaderValue { key: key.into(), raw_value: value.as_bytes().to_vec(), ..Default::default() }),
         append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyo3::types::PyDict;
+
+    /// The body segment read from an answer built of `code`'s `body` (taken out of its namespace), and whether it
+    /// is the memory of `code`'s `target` (lent) rather than a copy; then `kept`, if any, is changed in place.
+    fn read(py: Python<'_>, code: &std::ffi::CStr, keep_answer: bool, keep_list: bool) -> (bool, Bytes) {
+        let ns = PyDict::new(py);
+        py.run(code, Some(&ns), None).unwrap();
+        let target = ns.get_item("target").unwrap().unwrap();
+        let target_ptr = PyBuffer::<u8>::get(&target).unwrap().buf_ptr() as *const u8;
+        drop(target);
+        let list = ns.get_item("body").unwrap().unwrap();
+        ns.del_item("body").unwrap();
+        if !keep_list {
+            ns.del_item("target").unwrap(); // only the list holds it now, unless the code kept it elsewhere
+        }
+        let kept_list = keep_list.then(|| list.clone());
+        let answer = Bound::new(py, Answer::forward(Some(list.unbind()), vec![], py.None(), None)).unwrap();
+        let kept_answer = keep_answer.then(|| answer.clone());
+        let (reply, _, _) = Answer::read(&answer).unwrap();
+        let segment = reply.body.unwrap().remove(0);
+        let lent = segment.as_ptr() == target_ptr;
+        // What the engine may do next with whatever it kept: change it in place.
+        py.run(c"kept[:4] = b'XXXX' if kept is not None else b''", Some(&ns), None).ok();
+        drop((kept_list, kept_answer, answer));
+        (lent, segment)
+    }
+
+    #[test]
+    fn a_bytearray_is_lent_only_when_nothing_but_the_answer_reaches_it_else_a_later_change_cannot_leak() {
+        Python::initialize();
+        Python::attach(|py| {
+            let original = vec![b'a'; 100_000];
+            // The engine's usual answer: a bytearray it made and let go of. Lent, no copy.
+            let (lent, got) =
+                read(py, c"kept = None\ntarget = bytearray(b'a' * 100000)\nbody = [target]", false, false);
+            assert!(lent && got.as_ref() == original.as_slice());
+            // Anything else holding it: the bytearray itself, its list, the answer. Copied, and a change made
+            // after the read does not reach what Envoy gets.
+            let code = c"target = bytearray(b'a' * 100000)\nkept = target\nbody = [target]";
+            let (lent, got) = read(py, code, false, false);
+            assert!(!lent && got.as_ref() == original.as_slice(), "the engine kept the bytearray");
+            for (keep_answer, keep_list) in [(true, false), (false, true)] {
+                let code = c"kept = None\ntarget = bytearray(b'a' * 100000)\nbody = [target]";
+                let (lent, got) = read(py, code, keep_answer, keep_list);
+                assert!(!lent && got.as_ref() == original.as_slice(), "{keep_answer} {keep_list}");
+            }
+            // A bytearray subclass, or a writable memoryview of one: copied whatever holds them.
+            let code = c"class B(bytearray): pass\nkept = None\ntarget = B(b'a' * 100000)\nbody = [target]";
+            assert!(!read(py, code, false, false).0);
+            let code = c"kept = None\ntarget = memoryview(bytearray(b'a' * 100000))\nbody = [target]";
+            assert!(!read(py, code, false, false).0);
+            // Read-only bytes are lent whoever holds them.
+            let code = c"target = b'a' * 100000\nkept = None\nbody = [target]";
+            assert!(read(py, code, true, true).0);
+        });
     }
 }

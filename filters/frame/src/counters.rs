@@ -32,7 +32,7 @@ pub const OUTCOMES: [&str; 5] = ["passed", "refused", "engine", "error", "moved"
 pub static STREAMS: AtomicU64 = AtomicU64::new(0);
 pub static STREAMS_ACTIVE: AtomicU64 = AtomicU64::new(0);
 static PHASE_COUNTS: [[AtomicU64; 5]; 5] = [const { [const { AtomicU64::new(0) }; 5] }; 5];
-static REFUSALS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static REFUSALS: [AtomicU64; Refusal::ALL.len()] = [const { AtomicU64::new(0) }; Refusal::ALL.len()];
 
 /// What the replay checks made for the engine found (replay.rs, `ReplayOutcome`): every key new, one seen before,
 /// the message older than the store's epoch, no answer.

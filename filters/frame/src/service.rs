@@ -14,9 +14,8 @@ use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Out;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpHeaders, ImmediateResponse, ProcessingResponse,
-    TrailersResponse,
 };
-use prost::bytes::Bytes;
+use prost::bytes::{Bytes, BytesMut};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tonic::{Request, Status, Streaming};
@@ -27,7 +26,7 @@ use crate::counters::{self, Outcome, Phase};
 use crate::replay::{Epoch, ReplayCheck, ReplayOutcome, Stores};
 use crate::table::{Refusal, Route, Table};
 use crate::threads::EngineThreads;
-use crate::wire::{In, Incoming, Outgoing};
+use crate::wire::{HttpBody, In, Incoming, Outgoing};
 
 /// The gRPC metadata naming the route (gateway/control/envoy_config.py sets it per route).
 const ROUTE_METADATA: &str = "x-wsgate-route";
@@ -130,6 +129,11 @@ struct Stream {
     headers: Vec<(String, String)>, // the request's, for the engine; then the response's (its content type)
     in_flight: Option<Py<PyAny>>,   // the worker's `InFlight`, from the request body to the response body
     trace_parent: Option<String>,   // Envoy's ext_proc span, when this exchange's trace is sampled
+    // A streamed route's: the held headers phase's answer (the request's spoofed headers removed), the chunks
+    // received so far, and the whole body once the engine has it (sent back unchanged when it passes it as it came).
+    held: HeaderMutation,
+    chunks: BytesMut,
+    received: Bytes,
 }
 
 impl Stream {
@@ -148,6 +152,9 @@ impl Stream {
             headers: Vec::new(),
             in_flight: None,
             trace_parent: None,
+            held: HeaderMutation::default(),
+            chunks: BytesMut::new(),
+            received: Bytes::new(),
         }
     }
 
@@ -169,15 +176,25 @@ impl Stream {
             let detail = format!("no XML policy for route {:?}", self.route_name);
             return self.refuse(Refusal::NoRoute, phase, metric_phase, detail);
         };
+        let bodyless = matches!(&request, In::ResponseHeaders(h) if h.end_of_stream);
         let result = match request {
-            In::RequestHeaders(h) => self.request_headers(&route, h.end_of_stream),
-            In::ResponseHeaders(h) => self.response_headers(&route, &h),
-            In::RequestBody(b) => return self.body(phase, b.body),
-            In::ResponseBody(b) => return self.body(phase, b.body),
-            In::RequestTrailers(_) => Ok(Out::RequestTrailers(TrailersResponse::default())),
-            In::ResponseTrailers(_) => Ok(Out::ResponseTrailers(TrailersResponse::default())),
+            In::RequestHeaders(h) => self.request_headers(&route, h.end_of_stream).map(Out::RequestHeaders),
+            In::ResponseHeaders(h) => self.response_headers(&route, &h).map(Out::ResponseHeaders),
+            In::RequestBody(b) => return self.body(&route, phase, b),
+            In::ResponseBody(b) => return self.body(&route, phase, b),
+            // Envoy sends trailers only on a streamed route (`SEND` there, as it demands, `SKIP` elsewhere): a body
+            // that ends with trailers instead of its last chunk is refused (SOAP has none).
+            In::RequestTrailers(_) => Err((Refusal::Trailers, "request with trailers".into())),
+            In::ResponseTrailers(_) => Err((Refusal::Internal, "backend response with trailers".into())),
         };
         match result {
+            // A streamed route's headers wait for the whole body's verdict: answered, Envoy would pass them on. A
+            // reply without a body (a 202, a 204) has none to wait for, as on a buffered route.
+            Ok(Out::RequestHeaders(h) | Out::ResponseHeaders(h)) if route.streamed && !bodyless => {
+                counters::phase(phase, Outcome::Passed);
+                self.held = h.response.and_then(|c| c.header_mutation).unwrap_or_default();
+                Step::Nothing
+            }
             Ok(out) => {
                 counters::phase(phase, Outcome::Passed);
                 Step::Reply(Outgoing::Message(Box::new(ProcessingResponse {
@@ -193,28 +210,50 @@ impl Stream {
         self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
-    fn request_headers(&self, route: &Route, end_of_stream: bool) -> Result<Out, (Refusal, String)> {
+    fn request_headers(&self, route: &Route, end_of_stream: bool) -> Result<HeadersResponse, (Refusal, String)> {
         let spoofed = admit_request(&self.headers, end_of_stream, route)?;
         let mutation = HeaderMutation { remove_headers: spoofed, ..Default::default() };
         let common = CommonResponse { header_mutation: Some(mutation), ..Default::default() };
-        Ok(Out::RequestHeaders(HeadersResponse { response: Some(common) }))
+        Ok(HeadersResponse { response: Some(common) })
     }
 
-    fn response_headers(&mut self, route: &Route, h: &HttpHeaders) -> Result<Out, (Refusal, String)> {
+    fn response_headers(&mut self, route: &Route, h: &HttpHeaders) -> Result<HeadersResponse, (Refusal, String)> {
         // The request's headers were handed over with its body: from here on the response's are kept (a
         // multipart/related reply's boundary is in its content type).
         self.headers = header_list(h);
         declared(self.header("content-length"), route.max_response_bytes, Refusal::ResponseTooLarge)?;
-        Ok(Out::ResponseHeaders(HeadersResponse::default()))
+        Ok(HeadersResponse::default())
     }
 
-    /// A body phase: reserve the body in the budget, then it goes to the engine (`engine`).
-    fn body(&mut self, phase: Phase, body: Bytes) -> Step {
-        if let Err(detail) = self.ticket.take(body.len() as u64) {
-            let metric_phase = if matches!(phase, Phase::RequestBody) { "request" } else { "response" };
+    /// A body phase: reserve the body in the budget, then it goes to the engine (`engine`). On a streamed route
+    /// the body comes in chunks: each is reserved as it arrives (a slow client holds what it sent, no more) and
+    /// held, within the route's limit (Envoy buffers nothing there, so the frame enforces it), until the last.
+    fn body(&mut self, route: &Route, phase: Phase, b: HttpBody) -> Step {
+        let request = matches!(phase, Phase::RequestBody);
+        let metric_phase = if request { "request" } else { "response" };
+        let size = (self.chunks.len() + b.body.len()) as u64;
+        let (limit, too_large) = match request {
+            true => (route.max_request_bytes, Refusal::TooLarge),
+            false => (route.max_response_bytes, Refusal::ResponseTooLarge),
+        };
+        if route.streamed && size > limit {
+            let detail = match request {
+                true => format!("body too large: over {limit} bytes"),
+                false => format!("backend response refused: body too large: over {limit} bytes"),
+            };
+            return self.refuse(too_large, phase, metric_phase, detail);
+        }
+        if let Err(detail) = self.ticket.take(size) {
             return self.refuse(Refusal::Busy, phase, metric_phase, detail);
         }
-        Step::Engine(phase, body)
+        if !route.streamed || (self.chunks.is_empty() && b.end_of_stream) {
+            return Step::Engine(phase, b.body); // whole as it came: no copy
+        }
+        self.chunks.extend_from_slice(&b.body);
+        if !b.end_of_stream {
+            return Step::Nothing;
+        }
+        Step::Engine(phase, std::mem::take(&mut self.chunks).freeze()) // its allocation goes with it
     }
 
     /// The body phase: here, on the gRPC thread (a handoff to another thread costs more CPU than the whole of a
@@ -245,6 +284,9 @@ impl Stream {
     fn answer(&mut self, py: Python<'_>, phase: Phase, body: Bytes, may_wait: bool) -> Step {
         let request = matches!(phase, Phase::RequestBody);
         let metric_phase = if request { "request" } else { "response" };
+        if self.route.as_ref().is_some_and(|r| r.streamed) {
+            self.received = body.clone(); // shared, not copied: sent back if passed on unchanged
+        }
         let (reply, replay) = match self.call_engine(py, metric_phase, body, may_wait) {
             Ok(Some(answer)) => answer,
             Ok(None) if !may_wait => return Step::Elsewhere,
@@ -256,7 +298,7 @@ impl Stream {
         counters::phase(phase, Outcome::Engine);
         match replay {
             Some(replay) => Step::Check(Box::new(Check { request, replay, reply })),
-            None => answer_with(request, reply),
+            None => self.answer_with(request, reply),
         }
     }
 
@@ -269,13 +311,13 @@ impl Stream {
         let outcome = self.shared.replay.first_sight(&replay.url, &replay.keys, &epoch).await;
         counters::replay_outcome(outcome.counter());
         if outcome == ReplayOutcome::First() {
-            return answer_with(check.request, check.reply);
+            return self.answer_with(check.request, check.reply);
         }
         let refused = Python::attach(|py| {
             let in_flight = self.in_flight.as_ref().map(|s| s.clone_ref(py));
             let args = (self.route_name.as_str(), in_flight, outcome);
             let call = self.shared.worker.bind(py).call_method1("replay_refused", args);
-            call.and_then(|answer| Ok(answer.cast::<Answer>()?.get().read(py)?.0)).map_err(|err| err.display(py))
+            call.and_then(|answer| Ok(Answer::read(answer.cast::<Answer>()?)?.0)).map_err(|err| err.display(py))
         });
         match refused {
             Ok(Reply { status: Some(status), body, headers }) => {
@@ -308,12 +350,12 @@ impl Stream {
             let body = Py::new(py, Body(body))?; // the engine's view of the frame's bytes: no copy
             let args = (self.route_name.as_str(), phase, body, headers, in_flight, may_wait);
             let answer = self.shared.handle.bind(py).call1(args)?;
-            let answer = answer.cast::<Answer>()?.get();
-            if answer.elsewhere {
-                self.in_flight = Some(answer.in_flight.clone_ref(py));
+            let answer = answer.cast::<Answer>()?;
+            if answer.get().elsewhere {
+                self.in_flight = Some(answer.get().in_flight.clone_ref(py));
                 return Ok(None);
             }
-            let (reply, in_flight, replay) = answer.read(py)?;
+            let (reply, in_flight, replay) = Answer::read(answer)?;
             self.in_flight = Some(in_flight);
             Ok(Some((reply, replay)))
         })();
@@ -324,6 +366,39 @@ impl Stream {
             );
             err.display(py);
         })
+    }
+
+    /// The engine's answer as Envoy gets it: passed on with the (new) body, or an answer to the client. On a
+    /// streamed route the held headers' answer goes first, with the engine's headers, then the body (the one
+    /// received if unchanged: in this mode what is not sent back does not go on).
+    fn answer_with(&mut self, request: bool, reply: Reply) -> Step {
+        let Reply { status, body: new_body, headers: mut set } = reply;
+        let received = std::mem::take(&mut self.received); // held no longer than this answer
+        if let Some(status) = status {
+            return Step::Last(immediate(status, set, new_body.unwrap_or_default().concat()));
+        }
+        if self.route.as_ref().is_some_and(|r| r.streamed) {
+            // No content-length: Envoy drops it in this mode and sends the body chunked.
+            let mut headers = std::mem::take(&mut self.held);
+            headers.set_headers.append(&mut set);
+            let body = new_body.unwrap_or_else(|| vec![received]);
+            return Step::Reply(Outgoing::Streamed { request, headers, body });
+        }
+        let Some(body) = new_body else {
+            let headers = HeaderMutation { set_headers: set, ..Default::default() };
+            let common = CommonResponse { header_mutation: Some(headers), ..Default::default() };
+            let body_response = BodyResponse { response: Some(common) };
+            let out = if request { Out::RequestBody(body_response) } else { Out::ResponseBody(body_response) };
+            return Step::Reply(Outgoing::Message(Box::new(ProcessingResponse {
+                response: Some(out),
+                ..Default::default()
+            })));
+        };
+        // Envoy refuses a replaced body whose content-length no longer fits (and legacy SOAP servers want one).
+        let length: usize = body.iter().map(Bytes::len).sum();
+        set.push(header("content-length", &length.to_string()));
+        let headers = HeaderMutation { set_headers: set, ..Default::default() };
+        Step::Reply(Outgoing::Body { request, headers, body })
     }
 
     /// A refusal answered here: the worker logs it and counts it, the client gets the pre-rendered fault.
@@ -352,29 +427,6 @@ fn internal_fault(table: &Table, soap12: bool) -> Outgoing {
     let fault = table.fault(Refusal::Internal);
     let (ct, body) = &fault.bodies[soap12 as usize];
     immediate(fault.status, vec![header("content-type", ct)], body.clone())
-}
-
-/// The engine's answer as Envoy gets it: passed on with the (new) body, or an answer to the client.
-fn answer_with(request: bool, reply: Reply) -> Step {
-    let Reply { status, body: new_body, headers: mut set } = reply;
-    if let Some(status) = status {
-        return Step::Last(immediate(status, set, new_body.unwrap_or_default().concat()));
-    }
-    let Some(body) = new_body else {
-        let headers = HeaderMutation { set_headers: set, ..Default::default() };
-        let common = CommonResponse { header_mutation: Some(headers), ..Default::default() };
-        let body_response = BodyResponse { response: Some(common) };
-        let out = if request { Out::RequestBody(body_response) } else { Out::ResponseBody(body_response) };
-        return Step::Reply(Outgoing::Message(Box::new(ProcessingResponse {
-            response: Some(out),
-            ..Default::default()
-        })));
-    };
-    // Envoy refuses a replaced body whose content-length no longer fits (and legacy SOAP servers want one).
-    let length: usize = body.iter().map(Bytes::len).sum();
-    set.push(header("content-length", &length.to_string()));
-    let headers = HeaderMutation { set_headers: set, ..Default::default() };
-    Step::Reply(Outgoing::Body { request, headers, body })
 }
 
 /// A request's headers on an XML route: a SOAP POST with a body within the route's limit, or a refusal. Returns
@@ -513,6 +565,7 @@ mod tests {
             max_response_bytes: 200,
             identity_header: Some("x-user".into()),
             waits_on_network: false,
+            streamed: false,
         }
     }
 

@@ -19,10 +19,11 @@ pub enum Refusal {
     Busy,
     NoRoute,
     Internal,
+    Trailers,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::Method,
         Refusal::NoBody,
         Refusal::TooLarge,
@@ -31,6 +32,7 @@ impl Refusal {
         Refusal::Busy,
         Refusal::NoRoute,
         Refusal::Internal,
+        Refusal::Trailers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +45,7 @@ impl Refusal {
             Refusal::Busy => "busy",
             Refusal::NoRoute => "no_route",
             Refusal::Internal => "internal",
+            Refusal::Trailers => "trailers",
         }
     }
 }
@@ -58,21 +61,28 @@ pub struct Route {
     /// The engine's calls may wait on the network (a partner's STS, an OCSP responder): they go to the engine
     /// threads (threads.rs); every other route's call is made on the gRPC thread, with no handoff.
     pub waits_on_network: bool,
+    /// Envoy streams the bodies both ways (ext_proc `FULL_DUPLEX_STREAMED`, routes taking attachments:
+    /// gateway/control/envoy_config.py): the frame holds the chunks until the last, and answers the held headers,
+    /// then the body in chunks, only once the engine has passed the whole message.
+    pub streamed: bool,
 }
 
 #[pymethods]
 impl Route {
     #[new]
-    #[pyo3(signature = (*, max_request_bytes, max_response_bytes, identity_header = None, waits_on_network = false))]
+    #[pyo3(signature = (
+        *, max_request_bytes, max_response_bytes, identity_header = None, waits_on_network = false, streamed = false
+    ))]
     fn new(
         max_request_bytes: u64,
         max_response_bytes: u64,
         identity_header: Option<String>,
         waits_on_network: bool,
+        streamed: bool,
     ) -> Self {
         // HTTP header names match whatever their case: the frame compares lowercase.
         let identity_header = identity_header.map(|h| h.to_ascii_lowercase());
-        Route { max_request_bytes, max_response_bytes, identity_header, waits_on_network }
+        Route { max_request_bytes, max_response_bytes, identity_header, waits_on_network, streamed }
     }
 }
 
@@ -161,7 +171,7 @@ mod tests {
 
     #[test]
     fn an_identity_header_is_matched_whatever_its_case() {
-        let route = Route::new(1, 2, Some("X-User".into()), false);
+        let route = Route::new(1, 2, Some("X-User".into()), false, false);
         assert_eq!(route.identity_header.as_deref(), Some("x-user"));
     }
 }
