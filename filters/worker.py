@@ -133,7 +133,7 @@ class Worker:
                 max_response_bytes=p.route.response_limits.max_body_bytes,
                 identity_header=p.route.identity_header,
                 waits_on_network=waits_on_network(p.route),
-                streamed=p.route.attachments.accept,  # as gateway/control/envoy_config.py sets Envoy's body modes
+                streamed=p.route.streams_bodies,  # as gateway/control/envoy_config.py sets Envoy's body modes
             )
             for name, p in self.engine.pipelines.items()
         }

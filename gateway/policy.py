@@ -514,6 +514,10 @@ class Attachments(Strict):
     # content inlined as base64 (`inline`); `to_client` is the same for replies.
     to_backend: XopRule = "keep"
     to_client: XopRule = "keep"
+    # Envoy streams the package to the filter and takes it back in chunks (cheaper for large documents; the
+    # backend and the client get it chunked). False: Envoy buffers it, as other routes' bodies, and the backend
+    # gets a Content-Length, which some older SOAP servers insist on (docs/attachments.md).
+    streamed: bool = True
 
 
 class Rate(Strict):
@@ -654,6 +658,11 @@ class Route(Strict):
     @property
     def touches_xml(self) -> bool:
         return self.profile in XML_PROFILES
+
+    @property
+    def streams_bodies(self) -> bool:
+        """Envoy streams this route's bodies to the filter (ext_proc FULL_DUPLEX_STREAMED), else buffers them."""
+        return self.touches_xml and self.attachments.accept and self.attachments.streamed
 
     @property
     def detects_replays(self) -> bool:

@@ -269,13 +269,13 @@ def _route_entries(route: Route, tls_listener: bool, published: Published) -> li
             entry["route"]["rate_limits"] = rate_limit.route_rate_limits(route)
         if retry := outbound_config.retry_policy(route, action):
             entry["route"]["retry_policy"] = retry
-        if route.touches_xml and not route.attachments.accept:
+        if route.touches_xml and not route.streams_bodies:
             # The filter needs whole bodies: Envoy buffers up to this route's own limit (413 or 502 beyond).
             entry["request_body_buffer_limit"] = max(route.limits.max_body_bytes, route.response_limits.max_body_bytes)
         per_filter = _access(route)
         if route.touches_xml:
             overrides: dict[str, Any] = {"grpc_initial_metadata": [{"key": ROUTE_METADATA, "value": route.name}]}
-            if route.attachments.accept:  # the frame holds the chunks (filters.worker's Route `streamed`)
+            if route.streams_bodies:  # the frame holds the chunks (filters.worker's Route `streamed`)
                 overrides["processing_mode"] = STREAMED_MODE
             per_filter[EXT_PROC] = {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",

@@ -89,14 +89,15 @@ def accepted() -> Recorder:
 def gw(
     module_gateway: GatewayFactory, pki: Path, silent: Recorder, bent_reply: Recorder, accepted: Recorder
 ) -> LiveGateway:
-    def xml(name: str, upstream: str) -> dict:
+    def xml(name: str, upstream: str, **attachments: bool) -> dict:
         return {"name": name, "match": {"path_prefix": f"/{name}/"}, "upstream": {"address": upstream},
-                "profile": "xml", "attachments": ACCEPT, "limits": {"max_body_bytes": LIMIT},
+                "profile": "xml", "attachments": {**ACCEPT, **attachments}, "limits": {"max_body_bytes": LIMIT},
                 "response_limits": {"max_body_bytes": LIMIT}}  # fmt: skip
 
     rsa = route_doc(pki, "rsa", name="rsa", attachments=ACCEPT)
     rsa["upstream"] = {"address": silent.address}
-    routes = [xml("xml", silent.address), xml("reply", bent_reply.address), xml("oneway", accepted.address), rsa]
+    routes = [xml("xml", silent.address), xml("reply", bent_reply.address), xml("oneway", accepted.address), rsa,
+              xml("legacy", silent.address, streamed=False)]  # fmt: skip
     return module_gateway(routes, workers=1)
 
 
@@ -161,3 +162,18 @@ def test_a_reply_without_a_body_is_passed_at_once(gw: LiveGateway, accepted: Rec
     r = _post(gw, "oneway", content_type, body, timeout=10)
     assert (r.status_code, r.content) == (202, b"")
     assert ATTACHMENT[-4096:] in accepted.received  # the request went on whole
+
+
+def test_a_backend_that_needs_a_length_gets_content_length_on_a_route_not_streamed(
+    gw: LiveGateway, silent: Recorder
+) -> None:
+    # `attachments.streamed: false`: Envoy buffers the package as on other routes, and the frame sets its length.
+    content_type, body = _package()
+    with contextlib.suppress(requests.exceptions.Timeout):  # the recorder never answers
+        _post(gw, "legacy", content_type, body, timeout=3)
+    deadline = time.monotonic() + 10
+    while ATTACHMENT[-4096:] not in silent.received and time.monotonic() < deadline:
+        time.sleep(0.05)
+    head = bytes(silent.received).split(b"\r\n\r\n", 1)[0].lower()
+    assert f"content-length: {len(body)}".encode() in head and b"transfer-encoding" not in head, head
+    assert bytes(silent.received).endswith(body)

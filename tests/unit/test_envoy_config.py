@@ -114,7 +114,7 @@ def test_each_xml_route_buffers_up_to_its_own_limit() -> None:
     for entry in forwarding:
         policy = ps.route(entry["name"])
         wanted = max(policy.limits.max_body_bytes, policy.response_limits.max_body_bytes)
-        buffered = policy.touches_xml and not policy.attachments.accept
+        buffered = policy.touches_xml and not policy.streams_bodies
         assert entry.get("request_body_buffer_limit") == (wanted if buffered else None)
     for listener in yaml.safe_load(files["lds.yaml"])["resources"]:
         assert listener["per_connection_buffer_limit_bytes"] == envoy_config.CONNECTION_BUFFER_BYTES
@@ -122,9 +122,11 @@ def test_each_xml_route_buffers_up_to_its_own_limit() -> None:
 
 def test_routes_taking_attachments_are_streamed_both_ways_and_others_buffered(tmp_path: Path) -> None:
     """Envoy streams a route's bodies to the frame (which holds them until the verdict) only where it takes
-    attachments; such a route buffers nothing in Envoy. Every other XML route keeps the filter's BUFFERED mode."""
+    attachments and does not ask for `streamed: false`; such a route buffers nothing in Envoy. Every other XML
+    route keeps the filter's BUFFERED mode."""
     routes = [{"name": n, "match": {"path_prefix": f"/{n}/"}, "upstream": {"address": "127.0.0.1:1"}, "profile": "xml",
-               **extra} for n, extra in (("docs", {"attachments": {"accept": True}}), ("soap", {}))]  # fmt: skip
+               **extra} for n, extra in (("docs", {"attachments": {"accept": True}}), ("soap", {}),
+                                         ("legacy", {"attachments": {"accept": True, "streamed": False}}))]  # fmt: skip
     files = envoy_config.render(load_dir(write_policies(tmp_path, routes)), TOPO)
     by_name = {r["name"]: r for r in routes_of(files)[0]["virtual_hosts"][0]["routes"] if "route" in r}
     overrides = by_name["docs"]["typed_per_filter_config"][envoy_config.EXT_PROC]["overrides"]
@@ -132,9 +134,10 @@ def test_routes_taking_attachments_are_streamed_both_ways_and_others_buffered(tm
     assert {overrides["processing_mode"][f"{d}_body_mode"] for d in ("request", "response")} == {"FULL_DUPLEX_STREAMED"}
     assert {overrides["processing_mode"][f"{d}_trailer_mode"] for d in ("request", "response")} == {"SEND"}
     assert "request_body_buffer_limit" not in by_name["docs"]
-    soap = by_name["soap"]
-    assert "processing_mode" not in soap["typed_per_filter_config"][envoy_config.EXT_PROC]["overrides"]
-    assert soap["request_body_buffer_limit"] == 10 * 1024 * 1024
+    for buffered in ("soap", "legacy"):  # `streamed: false`: a backend that needs content-length gets it
+        entry = by_name[buffered]
+        assert "processing_mode" not in entry["typed_per_filter_config"][envoy_config.EXT_PROC]["overrides"]
+        assert entry["request_body_buffer_limit"] == 10 * 1024 * 1024
 
 
 def test_render_cli_prints_all_files() -> None:
