@@ -354,6 +354,9 @@ class SecureConversationOptions(Strict):
     max_contexts: int = Field(default=100_000, gt=0)
     redis_url: str = "redis://127.0.0.1:6379/0"
     master_keys_file: str = "certs/out/sct-master-keys.yaml"
+    # WS-SecurityPolicy sp:RequireDerivedKeys. False: messages are signed (and encrypted) with the context's own key,
+    # named by a reference to its SCT; inbound, derived keys of the same context are taken as well (docs/secure-conversation.md).
+    derived_keys: bool = True
 
 
 SubjectConfirmation = Literal["bearer", "sender-vouches", "holder-of-key"]

@@ -22,15 +22,19 @@ PROFILES: dict[str, Profile] = {
         Profile("outbound-rsa", "outbound-rsa"),
         Profile("outbound-sc", "outbound-sc"),
         Profile("outbound-sc-signed", "outbound-sc-signed"),
+        Profile("outbound-sc-direct", "outbound-sc-direct"),
     )
 }
-# The inbound row whose route is the partner (outbound-sc-signed's, sc-signed, has no inbound row of its own).
+# The inbound row whose route is the partner (outbound-sc-signed's, sc-signed, and outbound-sc-direct's, sc-direct,
+# have no inbound row of their own).
 PARTNER_ROW = {"outbound-hmac": "hmac", "outbound-hmac-encrypted": "hmac-encrypted", "outbound-rsa": "rsa",
-               "outbound-sc": "secureconversation", "outbound-sc-signed": "secureconversation-signed"}  # fmt: skip
+               "outbound-sc": "secureconversation", "outbound-sc-signed": "secureconversation-signed",
+               "outbound-sc-direct": "secureconversation-direct"}  # fmt: skip
 # Issue 24: outbound SecureConversation at steady state costs no more than outbound hmac -- each held to the hmac
 # row that protects its messages alike: outbound-sc signs and encrypts both ways, outbound-sc-signed only signs.
 SC_TARGETS = (("outbound-sc", "outbound-hmac-encrypted", "like for like: both sign and encrypt"),
-              ("outbound-sc-signed", "outbound-hmac", "like for like: both only sign"))  # fmt: skip
+              ("outbound-sc-signed", "outbound-hmac", "like for like: both only sign"),
+              ("outbound-sc-direct", "outbound-hmac", "both only sign, the context's key not derived"))  # fmt: skip
 
 
 def policy_dir(policies: Path, out: Path) -> Path:

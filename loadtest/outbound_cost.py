@@ -62,8 +62,8 @@ def measure(rows: list[str], calls: int, warmup: int, work: Path) -> dict[str, i
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", nargs="+", default=["outbound-hmac", "outbound-sc-signed", "outbound-hmac-encrypted",
-                                                 "outbound-sc"], choices=list(outbound.PROFILES))  # fmt: skip
+    p.add_argument("--rows", nargs="+", default=["outbound-hmac", "outbound-sc-signed", "outbound-sc-direct",
+                                                 "outbound-hmac-encrypted", "outbound-sc"], choices=list(outbound.PROFILES))  # fmt: skip
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--dumps", type=Path, help="keep the callgrind dumps here (default: a temporary directory)")

@@ -6,6 +6,7 @@ replay store, the response signer. The hot path only parses, verifies, secures a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -259,7 +260,8 @@ class SecureConversationPipeline(SecuredPipeline):
     def __init__(self, route: Route, stores: Stores) -> None:
         super().__init__(route, stores)
         self.store = stores.contexts(route)
-        self.in_context = replace(self.requirements, signer="context")
+        self.direct = not route.secureconversation.derived_keys
+        self.in_context = replace(self.requirements, signer="context", context_key_direct=self.direct)
         self.context_credentials = replace(
             self.credentials, contexts=lambda now, local: store_resolver(self.store, now, local)
         )
@@ -270,7 +272,7 @@ class SecureConversationPipeline(SecuredPipeline):
         route = self.route
         env = self.parse_request(body, headers, ex)
         security = wssecurity.find_security(env)
-        in_context = security is not None and any(sc.is_dkt(c) for c in security.iterchildren())
+        in_context = security is not None and sc.in_context(security, direct=self.direct)
         now = datetime.now(UTC)
         with metrics.stage(route, "security_header"):
             if in_context:
@@ -350,7 +352,7 @@ class SecureConversationPipeline(SecuredPipeline):
             return super().response_security(verified)
         return context_security(
             verified.context, self.route, encrypt=self.route.encryption.encrypt_response,
-            optimizations=self.optimizations, algorithm=verified.signature_algorithm,
+            optimizations=self.optimizations, algorithm=verified.signature_algorithm, derived=not self.direct,
         )  # fmt: skip
 
 
@@ -430,9 +432,22 @@ def context_security(
     encrypt: bool,
     optimizations: Optimizations | None = None,
     algorithm: str | None = None,
+    derived: bool = True,
 ) -> ResponseSecurity:
     """Sign (and encrypt) with fresh keys derived from `ctx`, one each; both sides of a context use this.
-    `algorithm`: the request's signature algorithm, answered in where the route allows it."""
+    `algorithm`: the request's signature algorithm, answered in where the route allows it. `derived` False: with
+    the context's own key, named by its Identifier (WS-SecurityPolicy without sp:RequireDerivedKeys)."""
+    if not derived:
+        sct = functools.partial(sc.sct_reference, ctx.version, identifier=ctx.identifier)
+        sign = sending.SignWith(
+            signer=signature.Signer(ctx.secret, _hmac_algorithm(route, algorithm), _digest(route)),
+            key_info=sct,
+            optimizations=optimizations,
+        )
+        if not encrypt:
+            return sign, None, ()
+        algorithm = _sized(route.encryption.response_algorithm, len(ctx.secret))
+        return sign, sending.EncryptFor(algorithm=algorithm, secret=ctx.secret, secret_key_info=sct), ()
     dk = ctx.version.dk_token_type
     signing = sc.context_key(ctx)
     sign = sending.SignWith(

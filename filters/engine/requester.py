@@ -135,7 +135,8 @@ class Requester:
             body_encrypted=route.encryption.encrypt_response,
             limits=route.response_limits,
         )
-        self.in_context = replace(self.reply_requirements, signer="context")
+        # The partner's reply may use the context's keys derived or not, whatever our route sends.
+        self.in_context = replace(self.reply_requirements, signer="context", context_key_direct=True)
 
     @property
     def encrypts(self) -> bool:
@@ -255,7 +256,8 @@ class Requester:
     def _secure_in_context(self, env: Envelope, now: datetime) -> bytes:
         assert self.context is not None
         sign, encrypt, tokens = context_security(self.context, self.route, encrypt=self.encrypts,
-                                                 optimizations=self.optimizations)  # fmt: skip
+                                                 optimizations=self.optimizations,
+                                                 derived=self.route.secureconversation.derived_keys)  # fmt: skip
         sending.secure(env, now, timestamp_ttl_s=self.cfg.timestamp_ttl_s, sign=sign,
                           sign_parts=tuple(p for p in self.route.signature.parts if p != "username_token"),
                           encrypt=encrypt, tokens=tokens, unique_ids=True,
@@ -345,7 +347,7 @@ class Requester:
             optimizations=self.optimizations,
         )
         requirements = self.reply_requirements
-        if self.context is not None and security is not None and any(sc.is_dkt(c) for c in security.iterchildren()):
+        if self.context is not None and security is not None and sc.in_context(security, direct=True):
             requirements = self.in_context
             creds.contexts = self._context_resolver
         try:

@@ -153,8 +153,9 @@ def _binding(route: Route) -> etree._Element:
     if route.profile == "hmac":
         return _nested("sp:SymmetricBinding", [_nested("sp:ProtectionToken", [_x509("Never")]), *common])
     bootstrap = _nested("sp:BootstrapPolicy", _bootstrap(route))
+    derived = [_element("sp:RequireDerivedKeys")] if route.secureconversation.derived_keys else []
     sct = _element("sp:SecureConversationToken", {f"{{{ns.SP12}}}IncludeToken": _INCLUDE + "AlwaysToRecipient"},
-                   [_element("wsp:Policy", {}, [_element("sp:RequireDerivedKeys"), bootstrap])])  # fmt: skip
+                   [_element("wsp:Policy", {}, [*derived, bootstrap])])  # fmt: skip
     return _nested("sp:SymmetricBinding", [_nested("sp:ProtectionToken", [sct]), *common])
 
 

@@ -73,6 +73,7 @@ class _State:
     rsa_sha256: bool = False  # Metro's signatureAlgorithm="SHA256withRSA" on the AlgorithmSuite
     saml: str | None = None  # a SamlToken/IssuedToken: its subject confirmation, as the token's place implies
     saml_versions: list[str] = field(default_factory=list)
+    derived_keys: bool = False  # the SecureConversationToken says sp:RequireDerivedKeys
 
 
 def _sp(el: etree._Element) -> str | None:
@@ -258,8 +259,10 @@ def _symmetric(st: _State, el: etree._Element) -> None:
 
 def _bootstrap(st: _State, token: etree._Element) -> None:
     for param in st.defs.nested(token, st.notes):
+        if _sp(param) == "RequireDerivedKeys":
+            st.derived_keys = True
         if _sp(param) != "BootstrapPolicy":
-            continue  # RequireDerivedKeys, RequireExternalUriReference...: the gateway derives as the client asks
+            continue  # RequireExternalUriReference...: the gateway names the SCT as the client asks
         inner = _State(st.defs)
         for assertion in st.defs.nested(param, st.notes):
             _assertion(inner, assertion, request=True)
@@ -482,7 +485,8 @@ def _security_route(st: _State) -> dict[str, object]:
     elif st.profile == "secureconversation":
         if st.trust:
             st.notes.append(f"{st.trust}: the gateway answers WS-Trust Issue/Cancel for its contexts (1.3 and 2005/02)")
-        route["secureconversation"] = {"store": "sealed", "master_keys_file": "certs/out/sct-master-keys.yaml"}
+        route["secureconversation"] = {"store": "sealed", "master_keys_file": "certs/out/sct-master-keys.yaml",
+                                       "derived_keys": st.derived_keys}  # fmt: skip
     if st.trust and st.profile != "secureconversation":
         st.unmapped.append(f"{st.trust}: no token service at the gateway for this route")
     if st.username:
@@ -523,7 +527,9 @@ def as_outbound(route: dict[str, object], listen: str, mapped: Mapped) -> bool:
                         "name the partner's signing certificate")  # fmt: skip
     if profile == "hmac":
         route["hmac"] = {"keys_file": None, "decryption_key": "certs/out/gateway-enc.key"}
-    route.pop("secureconversation", None)
+    sc_options = route.pop("secureconversation", None)
+    if isinstance(sc_options, dict) and not sc_options["derived_keys"]:
+        route["secureconversation"] = {"derived_keys": False}  # the partner's store is its own: only how keys go
     ut = route.pop("username_token", None)
     if isinstance(ut, dict):
         types = ut.get("password_types") or ["digest"]

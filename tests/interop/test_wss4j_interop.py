@@ -60,6 +60,14 @@ def _routes(pki: Path) -> list[dict[str, Any]]:
         route_doc(pki, "rsa", name="rsa-encrypted", signature=ADDRESSING, encryption=ENCRYPTED),
         route_doc(pki, "hmac", name="username", signature=ADDRESSING, username_token=users, hmac=NO_ANONYMOUS),
         route_doc(pki, "secureconversation", name="sc", signature=ADDRESSING, secureconversation=sc, encryption=SC),
+        route_doc(
+            pki,
+            "secureconversation",
+            name="sc-direct",
+            signature=ADDRESSING,
+            encryption=SC,
+            secureconversation={**sc, "derived_keys": False},
+        ),
     ]
 
 
@@ -294,6 +302,36 @@ def test_wss4j_derived_key_request_in_a_gateway_context_accepted_and_reply_verif
     assert "DerivedKeyToken" in verified["actions"]
     assert f"{{{soap_ns(version)}}}Body" in verified["decrypted"]
     assert reply_text(verified, version) == text
+
+
+@pytest.mark.parametrize("sct_in_header", [True, False], ids=["sct-in-header", "sct-by-identifier"])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wss4j_request_signed_with_the_context_key_itself_accepted_and_reply_verified(
+    gw: Any, pki: Path, wss4j: Wss4j, version: str, sct_in_header: bool
+) -> None:
+    """A route without sp:RequireDerivedKeys: WSS4J signs with the context's own secret (WSSecSignature, a
+    reference to the SCT); the gateway's reply, signed and encrypted with that key too, WSS4J verifies and opens.
+    The same request to a route that requires derived keys is refused."""
+    client = gw.client("sc-direct")
+    ctx = client.establish(http_post(gw.url("sc-direct", "echo")), soap_version=version)
+    secret = base64.b64encode(ctx.secret).decode()
+    text = f"sc-direct-{version}"
+    steps = [
+        {"do": "timestamp"},
+        {"do": "sct", "identifier": ctx.identifier, "secret": secret, "in_header": sct_in_header},
+        {"do": "sign", "with": "sct_direct", "parts": signed_parts(version)},
+    ]
+    xml = request(gw, "sc-direct", version, text)
+    secured = wss4j.secure(xml, steps, layout="append")["xml"]
+    assert "DerivedKeyToken" not in secured
+    resp = exchange(gw, "sc-direct", version, secured, text, xml)
+    assert b"DerivedKeyToken" not in resp.content
+    verified = verify(wss4j, pki, resp.content, secrets={ctx.identifier: secret})
+    signed(verified, version)
+    assert f"{{{soap_ns(version)}}}Body" in verified["decrypted"]
+    assert reply_text(verified, version) == text
+    refused = post(gw, "sc", wss4j.secure(request(gw, "sc", version, text), steps, layout="append")["xml"], version)
+    assert fault_code(refused) == "InvalidSecurity", refused.text
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -38,6 +38,9 @@ ROUTES: dict[str, tuple[str, dict[str, Any]]] = {
                              "username_token": USERS}),
     "sc": ("secureconversation", {"secureconversation": SC, "encryption": {"encrypt_response": True, **CBC},
                                   "signature": {**HMAC_SHA1, "parts": ["body", "timestamp", "addressing"]}}),
+    "sc-direct": ("secureconversation", {"secureconversation": {**SC, "derived_keys": False},
+                                         "encryption": {"encrypt_response": True, **CBC},
+                                         "signature": {**HMAC_SHA1, "parts": ["body", "timestamp", "addressing"]}}),
 }  # fmt: skip
 
 
@@ -84,6 +87,7 @@ def test_wsgate_import_of_the_published_wsdl_gives_back_an_equivalent_route(
         original.encryption.encrypt_response or original.encryption.require_request,
     ) or original.profile == "secureconversation"
     assert published_policy.accepts_cbc(back) == published_policy.accepts_cbc(original)
+    assert back.secureconversation.derived_keys == original.secureconversation.derived_keys
     assert policy_of(published(back)) == policy_of(published(original))
 
 
@@ -131,3 +135,20 @@ def test_wsgate_check_prints_the_gaps_of_published_routes(pki: Path, tmp_path: P
     lines = run.stdout.splitlines()
     assert lines[0].startswith("ok  rsa-gcm")
     assert [line.split(":")[1].strip() for line in lines[1:]] == ["X.509 signatures", "encryption"]
+
+
+@pytest.mark.parametrize("derived", [True, False])
+def test_require_derived_keys_is_published_and_imported_both_ways_as_the_route_says(
+    pki: Path, tmp_path: Path, derived: bool
+) -> None:
+    """sp:RequireDerivedKeys only where the route derives; imported, inbound and outbound, as present or absent."""
+    name = "sc" if derived else "sc-direct"
+    root = published(route(pki, name))
+    assert (root.find(f".//{SP}SecureConversationToken//{SP}RequireDerivedKeys") is not None) == derived
+    document = tmp_path / "published.wsdl"
+    document.write_bytes(etree.tostring(root))
+    got = import_wsdl(document.read_bytes(), document, str(document)).routes[0]
+    assert got.route["secureconversation"]["derived_keys"] is derived  # type: ignore[index]
+    outbound = import_wsdl(document.read_bytes(), document, str(document), outbound="127.0.0.1:9300").routes[0]
+    assert outbound.route["direction"] == "outbound"
+    assert outbound.route.get("secureconversation") == (None if derived else {"derived_keys": False})

@@ -423,6 +423,28 @@ def sct_element(version: Version, identifier: str, sct_id: str) -> etree._Elemen
 
 
 SctResolver = Callable[[SctRef], Context]
+_BY_SCT_TYPE = {v.sct_token_type: v for v in VERSIONS}
+
+
+def names_sct(str_el: etree._Element, local: Mapping[str, Sct]) -> Version | None:
+    """The version of the SCT a SecurityTokenReference names (its Reference's ValueType, or '#id' of an SCT of the
+    header, `local`); None where it names something else. parse_sct_ref then reads the reference."""
+    forms = child_elements(str_el)
+    if len(forms) != 1 or forms[0].tag != _REFERENCE:
+        return None
+    version = _BY_SCT_TYPE.get(forms[0].get("ValueType") or "")
+    uri = forms[0].get("URI") or ""
+    if version is None and uri.startswith("#") and uri[1:] in local:
+        version = local[uri[1:]].version
+    return version
+
+
+def in_context(security: etree._Element, *, direct: bool) -> bool:
+    """Whether a message claims a security context: a DerivedKeyToken in its Security header, or, where the
+    context's own key may be used (`direct`), an SCT there or a reference with the SCT token type."""
+    if any(is_dkt(c) or (direct and is_sct(c)) for c in security.iterchildren()):
+        return True
+    return direct and any(r.get("ValueType") in _BY_SCT_TYPE for r in security.iter(_REFERENCE))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -72,6 +72,9 @@ class Requirements:
     # hmac.allow_anonymous); such a sender proves nothing about who it is.
     anonymous: bool = True
     attachments: AttachmentSecurity = field(default_factory=AttachmentSecurity)
+    # signer "context": the context's own key, named by a reference to its SCT, may sign and encrypt beside keys
+    # derived from it (WS-SecurityPolicy without sp:RequireDerivedKeys).
+    context_key_direct: bool = False
 
 
 @dataclass
@@ -362,7 +365,10 @@ def _check_cbc(st: _State, ed: etree._Element, secret: bytes) -> None:
         raise encryption.failed("CBC EncryptedData not covered by a signature verified before decryption")
     if carrier is None and st.out.symmetric_key is None:
         raise encryption.failed("CBC EncryptedData under a shared key its X.509 signer need not hold")
-    derived = st.out.context is not None and any(st.secret_by_id.get(i) is secret for i in st.derived_ids)
+    ctx = st.out.context
+    derived = ctx is not None and (
+        any(st.secret_by_id.get(i) is secret for i in st.derived_ids) or hmac.compare_digest(secret, ctx.secret)
+    )
     if carrier is None and not (derived or hmac.compare_digest(secret, st.out.symmetric_key or b"")):
         raise encryption.failed("CBC EncryptedData under a key its signature was not made with")
 
@@ -464,7 +470,7 @@ def _data_key(st: _State, ed: etree._Element) -> bytes:
     key_info = encryption.key_for(ed)
     if key_info is None:
         raise faults.security("SecurityTokenUnavailable", "EncryptedData names no key")
-    secret = _resolve_secret(st, _named_key(st, keys.parse_key_info(key_info)))
+    secret = _context_secret(st, key_info) or _resolve_secret(st, _named_key(st, keys.parse_key_info(key_info)))
     if secret is None:
         raise faults.security("SecurityTokenUnavailable", "EncryptedData key reference does not name a secret")
     return secret
@@ -579,14 +585,18 @@ def _signature(st: _State, sig: etree._Element) -> bool:
         raise faults.security("SecurityTokenUnavailable", "ds:Signature without ds:KeyInfo")
     # One walk of the document for its ids, here and in signature.verify: nothing changes the tree in between.
     index = _ids(st)
-    ref = _named_key(st, keys.parse_key_info(key_info), index)
-    holder = _holder_key(st, ref)
-    secret = _resolve_secret(st, ref) if holder is None else None
+    ref: keys.KeyRef | None = None
+    holder: x509.Certificate | bytes | None = None
+    secret = _context_secret(st, key_info)
+    if secret is None:
+        ref = _named_key(st, keys.parse_key_info(key_info), index)
+        holder = _holder_key(st, ref)
+        secret = _resolve_secret(st, ref) if holder is None else None
     key: x509.Certificate | bytes
     if isinstance(holder, bytes):
         key = holder  # the assertion, not the route's kind of signer, says which key signs (saml.confirm)
     elif secret is not None:
-        from_context = ref.kind == "reference" and ref.value in st.derived_ids
+        from_context = ref is None or (ref.kind == "reference" and ref.value in st.derived_ids)
         if st.req.signer == "x509":
             raise faults.security("InvalidSecurity", "symmetric signature on a route that requires X.509")
         if st.req.signer == "context" and not from_context:
@@ -595,6 +605,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     else:
         if st.req.signer == "symmetric":
             raise faults.security("InvalidSecurity", "X.509 signature on a route that requires a symmetric key")
+        assert ref is not None  # a context's own key is a secret
         key = holder if isinstance(holder, x509.Certificate) else _resolve_certificate(st, ref)
         if st.creds.saml is not None:  # the assertion says whether this signer may sign (saml.confirm)
             st.out.signer_certificate = key
@@ -615,7 +626,7 @@ def _signature(st: _State, sig: etree._Element) -> bool:
     st.signature = sig
     if isinstance(key, bytes):
         st.out.symmetric_key = key
-        st.out.key_reference = _reply_reference(st, ref, key)
+        st.out.key_reference = None if ref is None else _reply_reference(st, ref, key)
     if isinstance(holder, bytes) and st.out.assertion is not None and st.creds.saml is not None:
         st.out.proof_key = st.creds.saml.holder_key(st.out.assertion)  # the EncryptedKey, by identity
     return False
@@ -652,20 +663,47 @@ def _reply_reference(st: _State, ref: keys.KeyRef, secret: bytes) -> keys.KeyRef
 
 
 def _derived_key_token(st: _State, el: etree._Element) -> bool:
-    if st.creds.contexts is None:
-        raise faults.security("InvalidSecurity", "DerivedKeyToken on a route without security contexts")
-    if st.resolve is None:
-        st.resolve = st.creds.contexts(st.now, st.scts)
-    ck = sc.derive(el, st.resolve)
+    ck = sc.derive(el, _resolver(st, "DerivedKeyToken"))
     if not ck.id:
         raise faults.security("InvalidSecurity", "DerivedKeyToken without wsu:Id")
-    if st.out.context is not None and st.out.context.identifier != ck.context.identifier:
-        raise faults.security("InvalidSecurity", "keys from two security contexts in one message")
+    _enter_context(st, ck.context)
     st.secret_by_id[ck.id] = ck.key
     st.derived_ids.add(ck.id)
-    st.out.context = ck.context
-    st.out.subject = ck.context.subject or st.out.subject
     return False
+
+
+def _context_secret(st: _State, key_info: etree._Element) -> bytes | None:
+    """The context's own key where `key_info` names an SCT (a reference with the SCT token type, or '#id' of one
+    in the header), on routes that take it (Requirements.context_key_direct); None where it names anything else."""
+    children = sc.child_elements(key_info)
+    if len(children) != 1 or children[0].tag != keys.STR:
+        return None
+    str_el = children[0]
+    version = sc.names_sct(str_el, st.scts)
+    if version is None:
+        return None
+    resolve = _resolver(st, "SecurityContextToken reference")
+    if st.req.signer != "context" or not st.req.context_key_direct:
+        raise faults.security("InvalidSecurity", "security context key not derived on a route that requires it")
+    ctx = resolve(sc.parse_sct_ref(str_el, version, sc.invalid_token))
+    _enter_context(st, ctx)
+    return ctx.secret
+
+
+def _resolver(st: _State, what: str) -> sc.SctResolver:
+    if st.creds.contexts is None:
+        raise faults.security("InvalidSecurity", f"{what} on a route without security contexts")
+    if st.resolve is None:
+        st.resolve = st.creds.contexts(st.now, st.scts)
+    return st.resolve
+
+
+def _enter_context(st: _State, ctx: sc.Context) -> None:
+    """One security context per message: every key, derived or not, comes from the same one."""
+    if st.out.context is not None and st.out.context.identifier != ctx.identifier:
+        raise faults.security("InvalidSecurity", "keys from two security contexts in one message")
+    st.out.context = ctx
+    st.out.subject = ctx.subject or st.out.subject
 
 
 def _encrypted_data(st: _State, ed: etree._Element) -> bool:

@@ -191,6 +191,15 @@ final class Secure {
                 sig.setKeyIdentifierType(Algorithms.keyIdentifier(str(step, "id_type", "bst")));
                 crypto = Pem.crypto(step.get("key").getAsString(), step.get("cert").getAsString());
             }
+            case "sct_direct" -> {
+                // The context's own key (no sp:RequireDerivedKeys): the SCT in the header, else its Identifier.
+                sig.setSignatureAlgorithm(Algorithms.signature(str(step, "algorithm", "hmac-sha256")));
+                sig.setSecretKey(sctSecret);
+                sig.setCustomTokenValueType(WSConstants.WSC_SCT_05_12);
+                sig.setKeyIdentifierType(sctId != null ? WSConstants.CUSTOM_SYMM_SIGNING
+                                                       : WSConstants.CUSTOM_SYMM_SIGNING_DIRECT);
+                sig.setCustomTokenId(sctId != null ? sctId : sctIdentifier);
+            }
             case "psk" -> {
                 // WSS4J's form for a key both sides know: a Reference to the key's name, a custom ValueType.
                 sig.setSignatureAlgorithm(Algorithms.signature(str(step, "algorithm", "hmac-sha256")));
