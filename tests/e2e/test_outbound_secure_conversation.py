@@ -31,13 +31,16 @@ RENEW_BEFORE_S = 14  # a new context once the current one is 6 s old
 @pytest.fixture(scope="module")
 def partner(module_gateway: GatewayFactory, pki: Path) -> LiveGateway:
     sc = {"store": "memory", "lifetime_s": LIFETIME_S, "master_keys_file": str(pki / "sct-master-keys.yaml")}
-    return module_gateway(
-        [route_doc(pki, "secureconversation", name="sc", secureconversation=sc, encryption=ENCRYPTED)]
-    )
+    direct = {**sc, "derived_keys": False}  # takes the context's own key (no sp:RequireDerivedKeys), answers with it
+    return module_gateway([
+        route_doc(pki, "secureconversation", name="sc", secureconversation=sc, encryption=ENCRYPTED),
+        route_doc(pki, "secureconversation", name="sc-direct", secureconversation=direct, encryption=ENCRYPTED),
+    ])  # fmt: skip
 
 
-def outbound_sc(pki: Path, partner: LiveGateway, listen: str) -> dict:
-    doc = route_doc(pki, "secureconversation", name="sc", encryption=ENCRYPTED, replay={"store": "auto"})
+def outbound_sc(pki: Path, partner: LiveGateway, listen: str, name: str = "sc", derived_keys: bool = True) -> dict:
+    doc = route_doc(pki, "secureconversation", name=name, encryption=ENCRYPTED, replay={"store": "auto"},
+                    secureconversation={"derived_keys": derived_keys})  # fmt: skip
     doc["direction"] = "outbound"
     doc["upstream"] = {"address": f"127.0.0.1:{partner.opts.https_port}", "tls": True, "ca": str(pki / "ca.pem")}
     doc["rsa"] = {**doc["rsa"], "allowed_subjects": [GATEWAY_SUBJECT]}
@@ -112,3 +115,23 @@ def test_outbound_context_cancelled_with_the_partner_when_the_gateway_stops(
     secured, pending = client.secure(echo("after stop"))
     with pytest.raises(ClientError, match=r"^SOAP fault: \S*BadContextToken"):
         client.open(http_post(partner.url("sc", "echo"))(secured, pending.content_type), pending)
+
+
+@pytest.mark.parametrize("derived_keys", [False, True])
+def test_outbound_context_key_used_directly_where_the_partner_does_not_require_derived_keys(
+    gateway: GatewayFactory, pki: Path, partner: LiveGateway, derived_keys: bool
+) -> None:
+    """The partner's sc-direct route takes the context's own key and answers with it: the outbound route sends
+    so (derived_keys false) or derives anyway, and verifies the reply either way. The partner's sc route, which
+    requires derived keys, refuses the same requests: they are not derived."""
+    listen = f"127.0.0.1:{free_ports(1)[0]}"
+    routes = [outbound_sc(pki, partner, listen, "sc-direct", derived_keys), outbound_sc(pki, partner, listen)]
+    routes[1]["secureconversation"] = {"derived_keys": derived_keys}
+    gateway(routes)
+    partner.clear()
+    resp = post(listen, "/sc-direct/echo", echo("direct"))
+    assert resp.status_code == 200, resp.text
+    assert b"direct" in resp.content and b"Security" not in resp.content
+    assert [r["headers"]["x-wsgate-subject"] for r in partner.received()] == [GATEWAY_SUBJECT]
+    resp = post(listen, "/sc/echo", echo("to a route that derives"))
+    assert resp.status_code == (200 if derived_keys else 502), resp.text  # 502: the partner refused (its fault)
