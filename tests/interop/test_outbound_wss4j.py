@@ -76,6 +76,7 @@ def gw(
         ),
         sc_outbound_route(pki, partner, listen),
         sc_outbound_route(pki, partner, listen, name="sc-signed"),
+        sc_outbound_route(pki, partner, listen, name="sc-direct"),
     ]
     return module_gateway(routes, metrics=True)
 
@@ -245,6 +246,24 @@ def test_outbound_secure_conversation_context_issued_by_wss4j_secures_both_ways_
     ctx = decode_context(data) if data else None
     assert ctx is not None and set(got["derived_from"]) == {ctx.identifier}
     assert partner.issued[ctx.identifier] == hashlib.sha256(ctx.secret).hexdigest()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_outbound_secure_conversation_with_the_context_key_itself_where_wss4j_does_not_require_derived_keys(
+    gw: LiveGateway, partner: Wss4jPartner, listen: str, version: str
+) -> None:
+    """derived_keys false: the request is signed with the context's own key (no DerivedKeyToken), which WSS4J
+    resolves by the SCT's Identifier; WSS4J's reply, signed with that key too, is verified and handed back plain."""
+    text = f"sc-direct-{version}"
+    resp = post(listen, "/sc-direct/echo", echo(text, version), version)
+    assert plain_text(resp, version) == text, partner.refused
+    assert partner.refused == []
+    got = partner.verified[-1]
+    assert "DerivedKeyToken" not in got["actions"] and f"{{{soap_ns(version)}}}Body" in got["signed"]
+    data = redis.Redis.from_url(gw.env[REDIS_URL_ENV]).get("wsgate:outbound-sct:sc-direct")
+    ctx = decode_context(data) if data else None
+    assert ctx is not None and got["signature_key_sha256"] == hashlib.sha256(ctx.secret).hexdigest()
+    assert partner.issued[ctx.identifier] == got["signature_key_sha256"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)

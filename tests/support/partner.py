@@ -45,8 +45,9 @@ CONTEXT_LIFETIME = timedelta(hours=1)
 @dataclass
 class Service:
     """What the partner does on one path: how it signs its reply (`x509` with the key `stem`, `psk`,
-    `received`: the key the request sent in an EncryptedKey, named by its EncryptedKeySHA1, or `sct`: a key derived
-    from the request's context, which must be one the partner issued), whether it encrypts the reply to the gateway
+    `received`: the key the request sent in an EncryptedKey, named by its EncryptedKeySHA1, `sct`: a key derived
+    from the request's context, which must be one the partner issued, or `sct_direct`: that context's own key, the
+    request's derived or not, as a policy without sp:RequireDerivedKeys), whether it encrypts the reply to the gateway
     (`sct`: with a derived key), the UsernameToken passwords it knows; `sts`: the path is the partner's STS."""
 
     sign: str = "x509"
@@ -103,7 +104,7 @@ class Wss4jPartner(LoopbackHttp):
                 reply = self.sts(got, version, service)
                 self.verified.append(got)
                 return 200, ctype, reply
-            context = self.context_of(got) if service.sign == "sct" else None
+            context = self.context_of(got, direct=service.sign == "sct_direct") if "sct" in service.sign else None
         except (Wss4jError, Refused) as exc:
             self.refused.append(str(exc))
             return 500, ctype, fault(version)
@@ -119,9 +120,12 @@ class Wss4jPartner(LoopbackHttp):
         self.last_reply = reply
         return 200, ctype, reply
 
-    def context_of(self, got: dict[str, Any]) -> str:
-        """The context whose derived key signed the Body (WSS4J found its secret, so it is one we issued)."""
+    def context_of(self, got: dict[str, Any], direct: bool = False) -> str:
+        """The context whose derived key signed the Body (WSS4J found its secret, so it is one we issued);
+        `direct`: or whose own key did (the signature's key is the context's secret)."""
         contexts = set(got["derived_from"]) & set(self.issued)
+        if direct:
+            contexts |= {i for i, digest in self.issued.items() if digest == got.get("signature_key_sha256")}
         if len(contexts) != 1 or not any(name.endswith("}Body") for name in got["signed"]):
             raise Refused(f"Body not signed with a key derived from one context we issued: {got['derived_from']}")
         return contexts.pop()
@@ -135,7 +139,7 @@ class Wss4jPartner(LoopbackHttp):
             raise Refused("no RequestSecurityToken")
         request_type = rst.findtext(f"{{{WST}}}RequestType")
         if request_type == f"{WST}/Cancel":
-            context = self.context_of(got)
+            context = self.context_of(got, direct=True)  # as the context's services take it
             target = rst.find(f"{{{WST}}}CancelTarget/{{{WSSE}}}SecurityTokenReference/{{{WSSE}}}Reference")
             if target is None or target.get("URI") != context:
                 raise Refused("Cancel of a context the request is not signed with")
@@ -175,6 +179,9 @@ class Wss4jPartner(LoopbackHttp):
             if service.encrypt_reply:
                 steps.append({"do": "encrypt", "with": "sct", "parts": body})
             return steps
+        if service.sign == "sct_direct":  # the context's own key, named by its Identifier; signs only
+            sct = {"do": "sct", "identifier": context, "in_header": False, **self.sct_override}
+            return [{"do": "timestamp"}, sct, {"do": "sign", "with": "sct_direct", "parts": parts}]
         if service.sign == "received":
             sign = {"do": "sign", "with": "received", "encrypted_key_sha1": got["encrypted_key_sha1"], "parts": parts}
         elif service.sign == "psk":
@@ -248,6 +255,7 @@ ENCRYPTED = {"require_request": True, "encrypt_response": True}
 SC_SERVICES = {
     "/sc/": Service(sign="sct", encrypt_reply=True),
     "/sc-signed/": Service(sign="sct"),
+    "/sc-direct/": Service(sign="sct_direct"),
     "/sc-sts/": Service(sts=True, encrypt_reply=True),
 }
 
@@ -257,8 +265,9 @@ def sc_outbound_route(pki: Path, partner: Wss4jPartner, listen: str, name: str =
     replies with derived keys, "sc-signed" only signs. The context is shared by the workers through the
     gateway's Redis (and cancelled from there when the gateway stops)."""
     encryption = ENCRYPTED if name == "sc" else {}
+    keys = {"derived_keys": name != "sc-direct"}  # sc-direct: the context's own key (no sp:RequireDerivedKeys)
     return outbound_route(pki, "secureconversation", name, partner, listen, encryption=encryption,
-                          outbound={"sts_path": "/sc-sts/"}, replay={"store": "auto"})  # fmt: skip
+                          outbound={"sts_path": "/sc-sts/"}, replay={"store": "auto"}, secureconversation=keys)  # fmt: skip
 
 
 def post(listen: str, path: str, body: bytes, version: str = "1.1", **headers: str) -> requests.Response:
