@@ -22,7 +22,6 @@ The contract's classes are the frame's own (filters/frame/src, typed in filters/
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import sys
@@ -363,29 +362,10 @@ class FrameCollector:
         yield checks
 
 
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
-
-
-def keep_freed_memory(body_budget_bytes: int) -> None:
-    """Let glibc keep and reuse the memory of an exchange's large buffers (a decrypted or encrypted attachment,
-    the joined body) instead of mapping fresh zeroed pages for each: with the default, dynamic thresholds a 10 MB
-    buffer comes from mmap, and each exchange paid 2,500-4,000 page faults per 10 MB (docs/performance.md,
-    "Attachments"). Up to the body budget (what the worker admits in flight) stays free in the heap; beyond it,
-    memory goes back to the system. Not glibc (musl): nothing to tune."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
-        return
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
-    mallopt(_M_TRIM_THRESHOLD, min(max(body_budget_bytes, _MMAP_THRESHOLD_MAX), 2**31 - 1))  # a C int
-
-
 def serve(
     policies_dir: Path, listen: str, metrics_port: int | None, ready_file: Path | None = None,
     body_budget_bytes: int = DEFAULT_BODY_BUDGET_MB * 1024 * 1024,
 ) -> None:  # fmt: skip
-    keep_freed_memory(body_budget_bytes)
     worker = Worker(policies_dir, body_budget_bytes, ready_file)
     if metrics_port:
         from prometheus_client import start_http_server
