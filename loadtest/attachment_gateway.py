@@ -25,7 +25,10 @@ hundred bytes. It is as near as a route comes to Envoy's own cost of
 moving those bytes through ext_proc (a route with no ext_proc would not be the same hop; an `xml` route without
 attachments refuses a package). `WS-Security` = the row's CPU per request minus its pass-through's: what securing
 the exchange costs beyond carrying it (the envelope's signature both ways included, and the package written anew
-each way), and that over the OpenSSL floor.
+each way), and that over the OpenSSL floor. The pass-through has its own baseline (the signed row's envelope alone
+as plain SOAP on `swa-floor`), and the target's measure is the attachment's own WS-Security cost: (the row - its
+route's baseline) - (the pass-through - its baseline), what the attachment's bytes add to a secured exchange
+beyond carrying them, over the floor for those bytes (docs/performance.md says why).
 
 Every reply is checked as it arrives (this process's CPU is not counted): HTTP 200, the gateway's signature verified (and the reply decrypted) over
 the envelope and the attachment, the echoed texts and the attachment's bytes as sent.
@@ -38,6 +41,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,7 +58,7 @@ from gateway.control.supervisor import Gateway
 from gateway.policy import PolicySet, Route
 from gateway.tools.client import Client, ClientConfig, ClientError, unpack
 from loadtest import attachment_cpu
-from loadtest.attachment_cpu import COUNTS, ROWS, SIZES, Floors, measure_floors, request
+from loadtest.attachment_cpu import ROWS, SIZES, Floors, measure_floors, request
 from loadtest.attachment_cpu import Row as InProcessRow
 from loadtest.messages import CheckFailed, check_operation, plain_request
 
@@ -64,6 +68,10 @@ PASS_THROUGH_KIND = "signed"  # the kind whose package they carry (the backend a
 WARM_UP = 2  # requests per row before the measure, not counted: keys parsed, code paths taken first
 ROLES = ("envoy", "filter", "redis")  # the gateway's processes; the backend is not counted
 TARGET = 2.0  # issue 21: securing an attachment costs at most 2x OpenSSL's hash (and cipher) of its bytes
+# Requests per row through the gateway at scale 1 (the in-process rows keep attachment_cpu.COUNTS): a 100 KB
+# attachment's own cost is a difference of four rows of a few ms each, tenths of a ms against a floor of 0.13 ms.
+GATEWAY_COUNTS = {"100 KB": 300, "10 MB": 6}
+BLOCK = 20  # requests per block of a row measured in blocks (run)
 
 
 @dataclass
@@ -75,6 +83,7 @@ class Row:
     verified: int = 0
     failures: list[str] = field(default_factory=list)
     pass_through: bool = False  # the same package on PASS_THROUGH, no WS-Security
+    warm_ups: int = WARM_UP  # requests sent before the measure (each block's, for a row measured in blocks)
 
     @property
     def label(self) -> str:
@@ -95,6 +104,7 @@ class Derived:
     in_process_us: float  # attachment_cpu's request + reply for the same row
     floor_us: float  # OpenSSL's cost of the bytes the exchange processes, both ways
     pass_through_us: float  # the same package's CPU per request on PASS_THROUGH
+    pass_through_share_us: float  # that minus the same envelope alone on PASS_THROUGH: carrying the attachment
 
     @property
     def ratio(self) -> float:
@@ -107,6 +117,16 @@ class Derived:
     @property
     def security_ratio(self) -> float:
         return self.security_us / self.floor_us
+
+    @property
+    def attachment_security_us(self) -> float:
+        """What the attachment's bytes add to a secured exchange beyond what carrying them costs: the row's share
+        (minus its route's envelope alone) less the pass-through's share (minus the same envelope alone there)."""
+        return self.share_us - self.pass_through_share_us
+
+    @property
+    def attachment_security_ratio(self) -> float:
+        return self.attachment_security_us / self.floor_us
 
 
 def check(client: Client, status: int, content_type: str, body: bytes, tag: str, data: bytes | None) -> None:
@@ -137,11 +157,23 @@ def check(client: Client, status: int, content_type: str, body: bytes, tag: str,
         raise CheckFailed("the attachment came back changed")
 
 
-def check_pass_through(route: Route, status: int, content_type: str, body: bytes, sent_type: str, sent: bytes) -> None:
+def check_pass_through(
+    route: Route, status: int, content_type: str, body: bytes, sent_type: str, sent: bytes, tag: str
+) -> None:
     """Raise CheckFailed unless `body` is the backend's echo of the package `sent`, passed on `route` untouched:
-    the attachment's bytes as sent (for an encrypted row, the ciphertext)."""
+    the attachment's bytes as sent (for an encrypted row, the ciphertext); `sent` plain SOAP (the baseline): the
+    echoed envelope's texts, and no package."""
     if status != 200:
         raise CheckFailed(f"HTTP {status}: {body[:300]!r}")
+    if not mime.is_multipart(sent_type):
+        if mime.is_multipart(content_type):
+            raise CheckFailed("a package back for plain SOAP sent")
+        try:
+            env = parse_envelope(body, route.response_limits)
+        except faults.Fault as f:
+            raise CheckFailed(f"reply refused: {f.reason}") from None
+        check_operation(next((c for c in env.body if isinstance(c.tag, str)), None), plain_request("small", tag)[1])
+        return
     limits = route.attachments
     try:
         got = mime.parse(content_type, body, limits).attachments
@@ -192,7 +224,7 @@ def measure(gw: Gateway, route: Route, certs: Path, kind: str, size: str, count:
                 if via is None:
                     check(client, r.status_code, reply_type, r.content, tag, data)
                 else:
-                    check_pass_through(via, r.status_code, reply_type, r.content, content_type, body)
+                    check_pass_through(via, r.status_code, reply_type, r.content, content_type, body, tag)
                 row.verified += 1
             except CheckFailed as exc:
                 row.failures.append(f"{tag}: {exc}")
@@ -204,19 +236,39 @@ def measure(gw: Gateway, route: Route, certs: Path, kind: str, size: str, count:
 def run(
     gw: Gateway, policies: PolicySet, certs: Path, scale: float = 1.0, sizes: Sequence[str] = tuple(SIZES)
 ) -> list[Row]:
-    """Each kind: its baseline (as many requests as the smallest size's row), then each size; then each size's
-    pass-through row."""
-    counts = {s: max(2, round(COUNTS[s] * scale)) for s in sizes}
+    """Each kind: its baseline (as many requests as the smallest size's row), then each size; then the
+    pass-through's baseline (the signed row's envelope alone, on PASS_THROUGH) and each size's pass-through row.
+    Rows of BLOCK requests or more are measured in blocks, every such row's block in turn (a burst elsewhere on
+    the machine lands on one block, not on one row), each role's CPU the median of its blocks."""
+    counts = {s: max(2, round(GATEWAY_COUNTS[s] * scale)) for s in sizes}
     counts = {BASELINE: counts[min(sizes, key=SIZES.__getitem__)], **counts}
-    rows = [measure(gw, policies.route(ROWS[k]), certs, k, s, n) for k in ROWS for s, n in counts.items()]
     route, via = policies.route(ROWS[PASS_THROUGH_KIND]), policies.route(PASS_THROUGH)
-    return rows + [measure(gw, route, certs, PASS_THROUGH_KIND, s, n, via) for s in sizes for n in [counts[s]]]
+    specs: list[tuple[Route, str, str, int, Route | None]]
+    specs = [(policies.route(ROWS[k]), k, s, n, None) for k in ROWS for s, n in counts.items()]
+    specs += [(route, PASS_THROUGH_KIND, s, n, via) for s, n in counts.items()]
+    blocks: dict[int, list[Row]] = {i: [] for i, spec in enumerate(specs) if spec[3] >= 2 * BLOCK}
+    for _ in range(max((specs[i][3] // BLOCK for i in blocks), default=0)):
+        for i in blocks:
+            r, kind, size, n, v = specs[i]
+            blocks[i].append(measure(gw, r, certs, kind, size, n // (n // BLOCK), v))
+    return [_combined(blocks[i]) if i in blocks else measure(gw, r, certs, k, s, n, v)
+            for i, (r, k, s, n, v) in enumerate(specs)]  # fmt: skip
+
+
+def _combined(blocks: Sequence[Row]) -> Row:
+    """One row from its blocks: the requests and checks summed, each role's CPU per request the blocks' median."""
+    first = blocks[0]
+    return Row(first.kind, first.size, sum(b.requests for b in blocks),
+               {role: statistics.median(b.cpu_us[role] for b in blocks) for role in ROLES},
+               sum(b.verified for b in blocks), [f for b in blocks for f in b.failures], first.pass_through,
+               sum(b.warm_ups for b in blocks))  # fmt: skip
 
 
 def derive(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floors) -> list[Derived]:
-    base = {r.kind: r.total_us for r in rows if r.size == BASELINE}
+    base = {r.kind: r.total_us for r in rows if r.size == BASELINE and not r.pass_through}
     local = {(r.kind, r.size): r.request_us + r.reply_us for r in in_process}
     passed = {r.size: r.total_us for r in rows if r.pass_through}
+    passed_base = passed.get(BASELINE, math.nan)
     out = []
     for r in rows:
         if r.size == BASELINE or r.pass_through:
@@ -226,7 +278,8 @@ def derive(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floo
         floor_us = 2 * nbytes / floors.mbps(r.kind)  # MB/s = bytes per us
         mbps = nbytes / r.total_us if r.total_us > 0 else math.nan
         in_process_us = local.get((r.kind, r.size), math.nan)
-        out.append(Derived(r, share, mbps, in_process_us, floor_us, passed.get(r.size, math.nan)))
+        passed_us = passed.get(r.size, math.nan)
+        out.append(Derived(r, share, mbps, in_process_us, floor_us, passed_us, passed_us - passed_base))
     return out
 
 
@@ -243,15 +296,17 @@ def report(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floo
         file=out,
     )
     head = ["row", "attachment", "requests", "verified", "CPU/request", "of it Envoy", "attachment's share",
-            "MB/s per core", "in process", "floor", "x floor", "pass-through", "WS-Security", "x floor"]  # fmt: skip
+            "MB/s per core", "in process", "floor", "x floor", "pass-through", "WS-Security", "x floor",
+            "attachment's WS-Security", "x floor"]  # fmt: skip
     lines = [head]
     derived = {(d.row.kind, d.row.size): d for d in derive(rows, in_process, floors)}
     for r in rows:
-        cells = [r.label, r.size, str(r.requests), f"{r.verified}/{r.requests + WARM_UP}", _ms(r.total_us),
+        cells = [r.label, r.size, str(r.requests), f"{r.verified}/{r.requests + r.warm_ups}", _ms(r.total_us),
                  _ms(r.cpu_us["envoy"])]  # fmt: skip
         if not r.pass_through and (d := derived.get((r.kind, r.size))):
             cells += [_ms(d.share_us), f"{d.mbps:,.1f}", _ms(d.in_process_us), _ms(d.floor_us), f"{d.ratio:.1f}x",
-                      _ms(d.pass_through_us), _ms(d.security_us), f"{d.security_ratio:.1f}x"]  # fmt: skip
+                      _ms(d.pass_through_us), _ms(d.security_us), f"{d.security_ratio:.1f}x",
+                      _ms(d.attachment_security_us), f"{d.attachment_security_ratio:.1f}x"]  # fmt: skip
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines if i < len(line)) for i in range(len(head))]
     for line in lines:
@@ -265,15 +320,20 @@ def report(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: Floo
         "exchange processes, the attachment hashed both ways (and ciphered both ways when encrypted). x floor: the "
         "share / the floor; the target is at most 2x. pass-through: the `signed, xml route` row's CPU/request for the "
         "size, the signed package through the same Envoy and ext_proc phases with no WS-Security (parsed, and sent "
-        "back unchanged: the same transport). WS-Security: CPU/request - pass-through, the envelope's signature both ways included; its x "
-        "floor: that / the floor)",
+        "back unchanged: the same transport). WS-Security: CPU/request - pass-through, the envelope's signature both "
+        "ways included; its x floor: that / the floor. attachment's WS-Security: the attachment's share - the "
+        "pass-through's (its row - the same envelope alone on the `xml` route), what the attachment's bytes add to "
+        "a secured exchange beyond carrying them; its x floor: that / the floor, the target's measure)",
         file=out,
     )
     for d in derived.values():
-        verdict = "met" if d.security_ratio <= TARGET else "MISSED"
-        print(f"  target (issue 21): {d.row.kind}, {d.row.size}: WS-Security {_ms(d.security_us)} = "
-              f"{d.security_ratio:.2f}x the OpenSSL floor ({_ms(d.floor_us)}), at most {TARGET:g}x: {verdict}",
-              file=out)  # fmt: skip
+        verdict = "met" if d.attachment_security_ratio <= TARGET else "MISSED"
+        if d.attachment_security_us < 0:  # four rows' difference: below zero is the machine's noise, not a cost
+            verdict += ", below zero: noise"
+        print(f"  target (issue 21): {d.row.kind}, {d.row.size}: the attachment's WS-Security "
+              f"{_ms(d.attachment_security_us)} = {d.attachment_security_ratio:.2f}x the OpenSSL floor "
+              f"({_ms(d.floor_us)}), at most {TARGET:g}x: {verdict} (the whole exchange's WS-Security "
+              f"{_ms(d.security_us)} = {d.security_ratio:.2f}x)", file=out)  # fmt: skip
     for r in rows:
         for failure in r.failures[:3]:
             print(f"  {r.kind} {r.size}: reply failed its check: {failure}", file=out)
@@ -287,11 +347,13 @@ def write_csv(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: F
         w = csv.writer(f)
         w.writerow(["kind", "attachment", "attachment_bytes", "requests", "verified", *(f"{r}_cpu_us" for r in ROLES),
                     "cpu_us", "share_us", "mbps_per_core", "in_process_us", "floor_us", "floor_ratio",
-                    "pass_through_us", "security_us", "security_floor_ratio"])  # fmt: skip
+                    "pass_through_us", "security_us", "security_floor_ratio", "pass_through_share_us",
+                    "attachment_security_us", "attachment_security_floor_ratio"])  # fmt: skip
         for r in rows:
             d = None if r.pass_through else derived.get((r.kind, r.size))
             extra = [d.share_us, d.mbps, d.in_process_us, d.floor_us, d.ratio, d.pass_through_us, d.security_us,
-                     d.security_ratio] if d else [""] * 8  # fmt: skip
+                     d.security_ratio, d.pass_through_share_us, d.attachment_security_us,
+                     d.attachment_security_ratio] if d else [""] * 11  # fmt: skip
             w.writerow([r.label, r.size, SIZES.get(r.size, 0), r.requests, r.verified,
                         *(round(r.cpu_us[x], 1) for x in ROLES), round(r.total_us, 1),
                         *(round(v, 3) if isinstance(v, float) else v for v in extra)])  # fmt: skip

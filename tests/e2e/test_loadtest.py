@@ -92,7 +92,7 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
         int(n) + attachment_gateway.WARM_UP == int(ok) == int(sent) for *_, n, ok, sent in found
     ), swa[1]
     swa_rows = list(csv.DictReader((tmp_path / "out" / "attachments.csv").open()))
-    assert [r["attachment"] for r in swa_rows] == ["none", "100 KB", "10 MB"] * 2 + ["100 KB", "10 MB"]
+    assert [r["attachment"] for r in swa_rows] == ["none", "100 KB", "10 MB"] * 3  # the last three: pass-through
     assert all(float(r["security_us"]) > 0 for r in swa_rows if r["pass_through_us"])  # beside its pass-through row
     rows = list(csv.DictReader((tmp_path / "out" / "bench.csv").open()))
     assert [(r["profile"], r["size"]) for r in rows] == [("hmac", "small")]
@@ -364,22 +364,28 @@ def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -
     printed beside the floor measured here. The check refuses a reply whose attachment changed. A smoke run, never
     a measure."""
     policies = optimizations.bench_policies(pki)
-    rows = attachment_gateway.run(gw.gw, policies, pki, scale=0.1, sizes=["100 KB"])
-    expected = [(k, s, False) for k in attachment_cpu.ROWS for s in ("none", "100 KB")] + [("signed", "100 KB", True)]
+    # 40 requests a row: two blocks of 20 each, the rows' blocks in turn (BLOCK), each with its warm-ups.
+    rows = attachment_gateway.run(gw.gw, policies, pki, scale=40 / 300, sizes=["100 KB"])
+    expected = [(k, s, p) for k, p in [*((k, False) for k in attachment_cpu.ROWS), ("signed", True)]
+                for s in ("none", "100 KB")]  # fmt: skip
     assert [(r.kind, r.size, r.pass_through) for r in rows] == expected
     for r in rows:
-        assert r.requests == 6 and r.verified == 6 + attachment_gateway.WARM_UP and not r.failures, r.failures
+        assert r.requests == 40 and r.verified == r.requests + r.warm_ups == 44 and not r.failures, r.failures
     assert all(r.cpu_us["envoy"] > 0 and r.cpu_us["filter"] > 0 for r in rows)  # read from /proc, per thread
     out = io.StringIO()
     attachment_gateway.report(rows, [], attachment_cpu.measure_floors(0.01), out)
     text = out.getvalue()
     assert "Attachments (SwA profile) through the gateway" in text, text
     for kind in attachment_cpu.ROWS:
-        assert re.search(rf"\n{re.escape(kind)} +none +6 +8/8 +[\d.]+ ms +[\d.]+ ms\n", text), text
+        assert re.search(rf"\n{re.escape(kind)} +none +40 +44/44 +[\d.]+ ms +[\d.]+ ms\n", text), text
         money = r"-?[\d.]+ ms +-?[\d.]+x"  # a cost and its multiple of the floor
-        assert re.search(rf"\n{re.escape(kind)} +100 KB +6 +8/8 +[\d.]+ ms .* - +{money} +[\d.]+ ms +{money}\n", text)
-
-    assert re.search(r"\nsigned, xml route +100 KB +6 +8/8 +[\d.]+ ms +[\d.]+ ms\n", text), text
+        assert re.search(rf"\n{re.escape(kind)} +100 KB +40 +44/44 +[\d.]+ ms .* - +{money} +[\d.]+ ms +{money} +{money}\n",
+                         text)  # fmt: skip
+        ratio = r"-?[\d.]+ ms = -?[\d.]+x"
+        assert re.search(rf"target \(issue 21\): {re.escape(kind)}, 100 KB: the attachment's WS-Security {ratio} .*"
+                         rf"\(the whole exchange's WS-Security {ratio}\)", text), text  # fmt: skip
+    for size in ("none", "100 KB"):  # the pass-through and its own baseline, the envelope alone
+        assert re.search(rf"\nsigned, xml route +{size} +40 +44/44 +[\d.]+ ms +[\d.]+ ms\n", text), text
 
     route = policies.route("swa-signed")
     data = os.urandom(100 * 1024)
@@ -391,11 +397,14 @@ def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -
     attachment_gateway.check(client, r.status_code, reply_type, r.content, "tampered", data)
     changed = bytes([data[0] ^ 1]) + data[1:]
     floor = policies.route(attachment_gateway.PASS_THROUGH)
-    attachment_gateway.check_pass_through(floor, 200, reply_type, r.content, content_type, body)  # the same bytes
+    attachment_gateway.check_pass_through(floor, 200, reply_type, r.content, content_type, body, "tampered")
     with pytest.raises(CheckFailed, match="changed"):  # the pass-through check refuses a changed echo too
         attachment_gateway.check_pass_through(
-            floor, 200, reply_type, r.content, content_type, body.replace(data, changed)
+            floor, 200, reply_type, r.content, content_type, body.replace(data, changed), "tampered"
         )
+    plain_type, plain = attachment_cpu.request(route, pki, None, False, "tampered")  # the pass-through's baseline
+    with pytest.raises(CheckFailed, match="a package back"):
+        attachment_gateway.check_pass_through(floor, 200, reply_type, r.content, plain_type, plain, "tampered")
     with pytest.raises(CheckFailed, match="reply refused"):
         attachment_gateway.check(
             client, r.status_code, reply_type, r.content.replace(data, changed), "tampered", changed

@@ -9,6 +9,7 @@ import hashlib
 import os
 
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from lxml import etree
 
 from filters.engine import faults, ns
@@ -141,6 +142,33 @@ def test_attachment_encryption_round_trip(complete: bool, algorithm: str) -> Non
     swa.decrypt(ed, key, [algorithm], parts)
     assert bytes(part.body) == body and part.content_type == "application/pdf"
     assert part.header("Content-Disposition") == "attachment; filename=x.pdf"
+
+
+@pytest.mark.parametrize("last", [0, 17, 255])
+def test_attachment_cbc_padding_out_of_range_refused(last: int) -> None:
+    """A CBC plaintext whose last byte is no pad length (1..16) is one FailedCheck, like XML Encryption's."""
+    key, iv = os.urandom(32), os.urandom(16)
+    encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
+    cipher = iv + encryptor.update(os.urandom(2 * swa.CHUNK + 15) + bytes([last])) + encryptor.finalize()
+    part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf")], b"x")
+    ed = swa.encrypt(part, key, "aes256-cbc", False, etree.Element("holder"), "ED-1")
+    part.body = bytearray(cipher)
+    with pytest.raises(faults.Fault) as err:
+        swa.decrypt(ed, key, ["aes256-cbc"], swa.Attachments([part]))
+    assert err.value.code == "FailedCheck" and "padding" in err.value.reason
+
+
+@pytest.mark.parametrize("where", [0, swa.CHUNK, -1])
+def test_attachment_gcm_ciphertext_or_tag_changed_refused(where: int) -> None:
+    """One bit changed anywhere (IV, content, tag): the tag check fails and no plaintext becomes the body."""
+    key, body = os.urandom(32), os.urandom(2 * swa.CHUNK)
+    part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf")], body)
+    ed = swa.encrypt(part, key, "aes256-gcm", False, etree.Element("holder"), "ED-1")
+    part.body[where] ^= 1
+    sent = bytes(part.body)
+    with pytest.raises(faults.Fault) as err:
+        swa.decrypt(ed, key, ["aes256-gcm"], swa.Attachments([part]))
+    assert err.value.code == "FailedCheck" and bytes(part.body) == sent and not part.decrypted
 
 
 def _sealed(plain: bytes) -> tuple[etree._Element, swa.Attachments, bytes]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from email.header import decode_header, make_header
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 from lxml import etree
 
 from filters.engine import faults, metrics, ns
@@ -383,35 +383,41 @@ def is_attachment_data(ed: etree._Element) -> bool:
 
 
 def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> bytearray:
+    """The plaintext, deciphered in one pass into one buffer (`update_into`: no per-chunk bytes, no regrowth).
+    GCM: the tag is checked (finalize) before the caller sees any of it."""
     algorithm = encryption.DATA[alg_name]
     if len(key) != algorithm.key_size:
         raise encryption.failed(f"attachment: key of {len(key)} bytes for a {algorithm.key_size}-byte algorithm")
     view = memoryview(body)
-    out = bytearray()
+    block = encryption.BLOCK
     if algorithm.gcm:
         if len(view) < encryption.GCM_IV + encryption.GCM_TAG:
             raise encryption.failed("attachment: GCM ciphertext too short")
         tag = bytes(view[-encryption.GCM_TAG :])
         decryptor = Cipher(algorithms.AES(key), modes.GCM(bytes(view[: encryption.GCM_IV]), tag)).decryptor()
-        for chunk in _chunks(view[encryption.GCM_IV : -encryption.GCM_TAG]):
-            out += decryptor.update(chunk)
+        out, size = _deciphered(decryptor, view[encryption.GCM_IV : -encryption.GCM_TAG])
         try:
             decryptor.finalize()
         except InvalidTag:
             raise encryption.failed("attachment: GCM authentication tag mismatch") from None
+        del out[size:]
         return out
-    block = encryption.BLOCK
     if len(view) < 2 * block or len(view) % block:
         raise encryption.failed("attachment: CBC ciphertext is not IV + whole blocks")
     decryptor = Cipher(algorithms.AES(key), modes.CBC(view[:block])).decryptor()
-    for chunk in _chunks(view[block:]):
-        out += decryptor.update(chunk)
-    out += decryptor.finalize()
-    pad = out[-1]
+    out, size = _deciphered(decryptor, view[block:])
+    decryptor.finalize()  # whole blocks and no padding mode: nothing is held back
+    pad = out[size - 1]
     if not 1 <= pad <= block:
         raise encryption.failed("attachment: bad CBC padding")
-    del out[-pad:]
+    del out[size - pad :]
     return out
+
+
+def _deciphered(decryptor: CipherContext, data: memoryview) -> tuple[bytearray, int]:
+    # update_into wants a block of room beyond the data; the caller trims it (and the CBC padding) off the end.
+    out = bytearray(len(data) + encryption.BLOCK - 1)
+    return out, decryptor.update_into(data, out)
 
 
 def _split_headers(plain: bytearray, part: Attachment) -> list[tuple[str, str]]:
@@ -466,6 +472,12 @@ def decrypt(ed: etree._Element, key: bytes, allowed: Sequence[str], parts: Attac
     return part
 
 
+def _cbc_pad(size: int) -> bytes:
+    """XML Encryption's padding: random bytes, the last one the pad's length (1..16)."""
+    pad = encryption.BLOCK - size % encryption.BLOCK
+    return os.urandom(pad - 1) + bytes([pad])
+
+
 @metrics.timed("attachment_encrypt")
 def encrypt(
     part: Attachment, key: bytes, algorithm: str, complete: bool, parent: etree._Element, ed_id: str
@@ -488,16 +500,22 @@ def encrypt(
     else:
         iv = os.urandom(encryption.BLOCK)
         encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
-    out = bytearray(iv)
-    out += encryptor.update(head)
-    for chunk in _chunks(part.body):
-        out += encryptor.update(chunk)
-    if not alg.gcm:
-        pad = encryption.BLOCK - (len(head) + len(part.body)) % encryption.BLOCK
-        out += encryptor.update(os.urandom(pad - 1) + bytes([pad]))
-    out += encryptor.finalize()
+    # One buffer, written once: IV || ciphertext of head, body (and CBC padding) || tag; update_into wants a
+    # block of room beyond each piece's output, trimmed off the end.
+    tail = b"" if alg.gcm else _cbc_pad(len(head) + len(part.body))
+    size = len(iv) + len(head) + len(part.body) + len(tail)
+    out = bytearray(size + encryption.BLOCK - 1 + (encryption.GCM_TAG if alg.gcm else 0))
+    view = memoryview(out)
+    view[: len(iv)] = iv
+    at = len(iv)
+    for piece in (head, part.body, tail):
+        at += encryptor.update_into(piece, view[at:])
+    encryptor.finalize()  # nothing is held back: GCM streams, the CBC plaintext is whole blocks by now
     if alg.gcm:
-        out += encryptor.tag
+        view[at : at + encryption.GCM_TAG] = encryptor.tag
+        at += encryption.GCM_TAG
+    view.release()
+    del out[at:]
     part.body = out
     part.changed = True
     part.headers = [(n, v) for n, v in kept if n.lower() != "content-type"] + [
