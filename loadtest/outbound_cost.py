@@ -25,7 +25,8 @@ from certs import pki
 from gateway.control.supervisor import Gateway, Options, free_ports
 from gateway.policy import load_dir
 from loadtest import outbound, tracing_cost
-from loadtest.bench import DEFAULT_POLICIES, _env
+from loadtest.bench import DEFAULT_POLICIES
+from loadtest.bench_gateway import _env
 from loadtest.messages import Factory
 
 
