@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from certs import hsm, pki
+from certs import pki
 from filters.engine.wss import secure_conversation as sc
 from gateway.control.supervisor import Gateway, default_workers
 from gateway.policy import PolicySet, load_dir
@@ -400,20 +400,6 @@ def run_bench(
     return points
 
 
-def hsm_policies(policies: Path, certs: Path, out: Path) -> Path:
-    """`policies` copied into `out` with the gateway's private keys (gateway-sign, gateway-enc) in a SoftHSM2 token
-    made from `certs` (certs/hsm.py), SOFTHSM2_CONF set for this process and the gateway it starts: the rsa rows
-    then measure the token beside a run without --hsm (the file keys)."""
-    os.environ["SOFTHSM2_CONF"] = str(hsm.init(certs, certs))
-    out.mkdir(parents=True, exist_ok=True)
-    for src in policies.glob("*.yaml"):
-        text = src.read_text()
-        for label in hsm.KEYS:
-            text = text.replace(f'"${{WSGATE_BENCH_CERTS:-certs/out}}/{label}.key"', f'"{hsm.uri(certs, label)}"')
-        (out / src.name).write_text(text)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--profiles", default=",".join(BENCH_PROFILES), help="comma-separated: " + ", ".join(BENCH_PROFILES))
@@ -445,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="multiply the in-process engine measure's exchange counts (0: skip it)")  # fmt: skip
     args = p.parse_args(argv)
     if args.hsm:
-        args.policies = hsm_policies(args.policies, args.certs, args.out / "policies-hsm")
+        args.policies = variants.hsm_policies(args.policies, args.certs, args.out / "policies-hsm")
     if args.archive:
         args.policies = with_archive(args.policies, args.out / "policies-archive", args.out / "archive")
     untraced = args.policies
