@@ -29,16 +29,6 @@ from tests.support.wss_helpers import echo
 HOUR = dt.timedelta(hours=1)
 
 
-@pytest.fixture(scope="module")
-def route(pki: Path) -> Route:
-    return S.saml_route(pki)
-
-
-@pytest.fixture(scope="module")
-def pipeline(route: Route) -> SamlPipeline:
-    return SamlPipeline(route, RouteStores())
-
-
 def beside(route: Route, pki: Path, assertion: etree._Element, signer: str, sign_reference: bool) -> bytes:
     """A message signed by `signer` with its certificate in a BinarySecurityToken, the assertion in the header;
     the STR naming the assertion signed too, or only present."""

@@ -37,16 +37,6 @@ MESSAGE_SIGNATURE = f".//{{{ns.WSSE}}}Security/{{{ns.DS}}}Signature"
 HOK_ONLY = {"confirmation": ["holder-of-key"], "attesting_certificates": []}
 
 
-@pytest.fixture(scope="module")
-def route(pki: Path) -> Route:
-    return S.saml_route(pki)
-
-
-@pytest.fixture(scope="module")
-def pipeline(route: Route) -> SamlPipeline:
-    return SamlPipeline(route, RouteStores())
-
-
 def hok(pki: Path, secret: bytes, version: str = "2.0", **kw: Any) -> etree._Element:
     """An IdP's holder-of-key assertion confirming `secret`, encrypted to the gateway."""
     to, transport = kw.pop("to", "gateway-enc"), kw.pop("transport", "rsa-oaep-mgf1p")
