@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from certs import pki
-from gateway.control.supervisor import Gateway, Options, free_ports
+from gateway.control.ports import free_ports
+from gateway.control.supervisor import Gateway, Options
 from gateway.policy import load_dir
 from loadtest import outbound, tracing_cost
 from loadtest.bench import DEFAULT_POLICIES
