@@ -34,7 +34,7 @@ from filters.engine import ns
 from filters.engine.engine import Exchange, build_pipeline
 from filters.engine.mime import package as mime
 from filters.engine.profiles import SecuredPipeline
-from filters.engine.wss import attachments, keys, signature
+from filters.engine.wss import attachments, keys, signing
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.xml.threat_protection import parse_envelope
 from filters.stores.factory import RouteStores
@@ -78,7 +78,7 @@ def request(route: Route, certs: Path, data: bytes | None, encrypted: bool, tag:
     headers = [("Content-ID", "<doc@bench>"), ("Content-Type", "application/pdf")]
     part = attachments.Attachment("doc@bench", headers, data or b"")
     cert = keys.load_certificate(str(certs / "client.pem"))
-    signer = signature.Signer(keys.load_private_key(str(certs / "client.key")), "rsa-sha256", "sha256")
+    signer = signing.Signer(keys.load_private_key(str(certs / "client.key")), "rsa-sha256", "sha256")
     bst_id = sending.new_id("X509")
     sign = sending.SignWith(signer, lambda: keys.str_reference(bst_id, ns.X509V3), cert)
     encrypt = None

@@ -23,7 +23,7 @@ import yaml
 from certs import pki
 from gateway.policy import Route
 from gateway.tools.client import Client, ClientConfig
-from loadtest.bench import bench_gateway
+from loadtest.bench_gateway import bench_gateway
 from loadtest.large import MIB, Probe
 
 XOP = "http://www.w3.org/2004/08/xop/include"

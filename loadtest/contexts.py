@@ -24,7 +24,7 @@ import yaml
 from certs import pki
 from gateway.policy import REDIS_URL_ENV, Route
 from gateway.tools.client import Client, ClientConfig, Post, http_post
-from loadtest.bench import bench_gateway
+from loadtest.bench_gateway import bench_gateway
 
 T = TypeVar("T")
 ECHO = (

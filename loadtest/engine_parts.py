@@ -26,7 +26,7 @@ from certs import pki
 from filters.engine import metrics
 from filters.engine.engine import Exchange, build_pipeline
 from filters.engine.profiles import SecuredPipeline
-from filters.engine.wss import signature, wssecurity
+from filters.engine.wss import signature, signing, wssecurity
 from filters.engine.xml import c14n
 from filters.engine.xml.threat_protection import parse_envelope
 from filters.stores.factory import RouteStores
@@ -82,12 +82,12 @@ def parts(certs: Path, size: str = "small", repeats: int = REPEATS) -> dict[str,
         lambda: signature._check_signature(sig, key, policy), repeats
     )
     out["    id index (the whole document)"] = cpu_us(lambda: signature.id_index(env.root), repeats)
-    prefixes = signature._inclusive_prefixes(ts, exclude_visible=True)
+    prefixes = signing._inclusive_prefixes(ts, exclude_visible=True)
     out["    Body: C14N and digest"] = cpu_us(lambda: c14n.digest(env.body, [], "sha256"), repeats)
     out[f"    Timestamp: C14N (PrefixList {' '.join(prefixes)}) and digest"] = cpu_us(
         lambda: c14n.digest(ts, prefixes, "sha256"), repeats
     )
-    info_prefixes = signature._inclusive_prefixes(security, exclude_visible=False)
+    info_prefixes = signing._inclusive_prefixes(security, exclude_visible=False)
     out[f"    SignedInfo: C14N (PrefixList {' '.join(info_prefixes)})"] = cpu_us(
         lambda: c14n.canonical(sig[0], info_prefixes), repeats
     )

@@ -24,7 +24,8 @@ from typing import TextIO
 from certs import pki
 from gateway.control.supervisor import default_workers
 from gateway.policy import load_dir
-from loadtest.bench import DEFAULT_POLICIES, Bench, _init_generator, _pids, bench_gateway
+from loadtest.bench import DEFAULT_POLICIES, Bench, _init_generator
+from loadtest.bench_gateway import _pids, bench_gateway
 from loadtest.messages import HMAC_KEY_NAME
 
 # (component, what the sample's shared object matches); the first match wins, per role (the process it ran in).

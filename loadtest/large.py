@@ -33,7 +33,7 @@ from filters.engine.xml import xmlsupport
 from gateway.control.supervisor import Gateway, Options
 from gateway.policy import DEFAULT_BODY_BUDGET_MB, Route
 from gateway.tools.client import Client, ClientConfig, Pending
-from loadtest.bench import bench_gateway
+from loadtest.bench_gateway import bench_gateway
 
 MIB = 1024 * 1024
 DEMO_NS = "urn:wsgate:demo"

@@ -26,7 +26,8 @@ from gateway.control.ports import free_ports
 from gateway.control.supervisor import Gateway, Options
 from gateway.policy import load_dir
 from loadtest import outbound, tracing_cost
-from loadtest.bench import DEFAULT_POLICIES, _env
+from loadtest.bench import DEFAULT_POLICIES
+from loadtest.bench_gateway import _env
 from loadtest.messages import Factory
 
 

@@ -51,7 +51,10 @@ from certs import pki
 from gateway.control.supervisor import Gateway, _rss_mb, default_workers
 from loadtest import faults, variants
 from loadtest.archive import DSN_ENV, ArchiveDb, missing, with_archive
-from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _table, bench_gateway, percentile
+from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES
+from loadtest.bench_gateway import bench_gateway
+from loadtest.bench_report import _table
+from loadtest.load_generators import percentile
 from loadtest.messages import PROFILES, CheckFailed, Factory, Message
 
 COUNTS = ("sent", "ok", "refused", "lost", "corrupted", "replays sent", "replays accepted", "hostile sent",

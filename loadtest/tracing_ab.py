@@ -28,18 +28,11 @@ from certs import pki
 from gateway.control.supervisor import Gateway, default_workers
 from gateway.policy import load_dir
 from loadtest import variants
-from loadtest.bench import (
-    BENCH_PROFILES,
-    DEFAULT_OUT,
-    DEFAULT_POLICIES,
-    HMAC_KEY_NAME,
-    _cpu_seconds,
-    _init_generator,
-    _pids,
-    _write_bodies,
-    bench_gateway,
-    run_wrk,
-)
+from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _init_generator, _write_bodies
+from loadtest.bench_gateway import _cpu_seconds, _pids, bench_gateway
+from loadtest.bench_report import BENCH_PROFILES
+from loadtest.load_generators import run_wrk
+from loadtest.messages import HMAC_KEY_NAME
 
 TARGET = 1.05  # issue 27: spans cost no more than 5% of gateway CPU at the default sampling
 COUNTED = ("envoy", "filter", "redis")  # the gateway's processes (the backend and the collector are not it)

@@ -33,7 +33,8 @@ from certs import pki
 from gateway.control.supervisor import Gateway
 from gateway.policy import load_dir
 from loadtest import variants
-from loadtest.bench import DEFAULT_POLICIES, bench_gateway
+from loadtest.bench import DEFAULT_POLICIES
+from loadtest.bench_gateway import bench_gateway
 from loadtest.messages import PROFILES, Factory
 from tests.support.collector import jaeger
 

@@ -1,13 +1,17 @@
 """The benchmark's policies with tracing or quotas on (`python -m loadtest.bench --tracing HOST:PORT`, `--quotas`):
 the rows beside a run without, for what each costs (docs/tracing.md, docs/quotas.md). A copy of the policy files,
-changed as parsed YAML; `${...}` values stay for the gateway to resolve."""
+changed as parsed YAML; `${...}` values stay for the gateway to resolve. With `--hsm`: the gateway's keys in a
+SoftHSM2 token (`hsm_policies`, the files' text changed). (`--archive`'s copy is loadtest/archive.py's, which the
+soak shares.)"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
 
+from certs import hsm
 from gateway.policy import XML_PROFILES
 
 # Limits no benchmark reaches: every request is counted (one rate-limit service round trip per stage), none refused.
@@ -51,3 +55,17 @@ def add_flood_route(policies: Path, copy_of: str, per_second: int) -> str:
             f.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
             return prefix
     raise ValueError(f"no route {copy_of!r} in {policies}")
+
+
+def hsm_policies(policies: Path, certs: Path, out: Path) -> Path:
+    """`policies` copied into `out` with the gateway's private keys (gateway-sign, gateway-enc) in a SoftHSM2 token
+    made from `certs` (certs/hsm.py), SOFTHSM2_CONF set for this process and the gateway it starts: the rsa rows
+    then measure the token beside a run without --hsm (the file keys)."""
+    os.environ["SOFTHSM2_CONF"] = str(hsm.init(certs, certs))
+    out.mkdir(parents=True, exist_ok=True)
+    for src in policies.glob("*.yaml"):
+        text = src.read_text()
+        for label in hsm.KEYS:
+            text = text.replace(f'"${{WSGATE_BENCH_CERTS:-certs/out}}/{label}.key"', f'"{hsm.uri(certs, label)}"')
+        (out / src.name).write_text(text)
+    return out

@@ -22,12 +22,13 @@ from filters.engine.conversation import ws_trust
 from filters.engine.conversation.contexts import ContextStore, PartnerContexts, store_resolver
 from filters.engine.mime import related
 from filters.engine.pipeline import Exchange, Outcome, RoutePipeline
-from filters.engine.wss import attachments, encryption, keys, saml, saml_issuer, signature, token, wssecurity
+from filters.engine.wss import attachments, encryption, keys, saml, saml_issuer, token, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.keys import RevocationCheck
 from filters.engine.wss.optimizations import Optimizations
 from filters.engine.wss.replay import DeferredReplay, ReplayCache, check_epoch, first_sight
+from filters.engine.wss.signing import Signer
 from filters.engine.wss.username_token import FailureThrottle, Users
 from filters.engine.xml import header_blocks
 from filters.engine.xml.soap import Envelope
@@ -130,7 +131,7 @@ class SecuredPipeline(RoutePipeline):
             self.credentials.trust = trust_store(route, stores)
             self.credentials.known_certificates = keys.load_certificates(route.rsa.known_certificates)
             self.certificate = keys.load_certificate(route.rsa.certificate)
-            self.signer = signature.Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
+            self.signer = Signer(keys.load_private_key(route.rsa.key), _rsa_algorithm(route), _digest(route))
         elif route.hmac.keys_file:
             self.credentials.psk = keys.load_hmac_keys(route.hmac.keys_file)
         self.backend_issuer = saml_issuer.Issuer(route.backend_assertion) if route.backend_assertion else None
@@ -240,7 +241,7 @@ class SecuredPipeline(RoutePipeline):
         sign = None
         if route.hmac.sign_response:
             algorithm_used = _hmac_algorithm(route, verified.signature_algorithm)
-            sign = sending.SignWith(signer=signature.Signer(secret, algorithm_used, _digest(route)),
+            sign = sending.SignWith(signer=Signer(secret, algorithm_used, _digest(route)),
                                        key_info=key_info, optimizations=self.optimizations)  # fmt: skip
         encrypt = None
         if route.encryption.encrypt_response:
@@ -451,7 +452,7 @@ def context_security(
     dk = ctx.version.dk_token_type
     signing = sc.context_key(ctx)
     sign = sending.SignWith(
-        signer=signature.Signer(signing.key, _hmac_algorithm(route, algorithm), _digest(route)),
+        signer=Signer(signing.key, _hmac_algorithm(route, algorithm), _digest(route)),
         key_info=lambda: keys.str_reference(signing.id, dk),
         optimizations=optimizations,
     )

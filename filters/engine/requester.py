@@ -23,7 +23,7 @@ from filters.engine.faults import content_type
 from filters.engine.mime import package as mime
 from filters.engine.mime import xop
 from filters.engine.profiles import Post, context_security
-from filters.engine.wss import attachments, encryption, keys, saml, signature, wssecurity
+from filters.engine.wss import attachments, encryption, keys, saml, signing, wssecurity
 from filters.engine.wss import secure_conversation as sc
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.optimizations import Optimizations
@@ -121,7 +121,7 @@ class Requester:
         x509_signer = route.profile != "hmac"
         if x509_signer:
             algorithm = next(a for a in [*sig.algorithms, "rsa-sha256"] if a.startswith("rsa"))
-            self.signer = signature.Signer(self.private_key, algorithm, self.digest)
+            self.signer = signing.Signer(self.private_key, algorithm, self.digest)
         self.hmac_algorithm = next(a for a in [*sig.algorithms, "hmac-sha256"] if a.startswith("hmac"))
         signer_kind = "x509" if x509_signer else "symmetric"
         sign_response = route.rsa.sign_response if x509_signer else route.hmac.sign_response
@@ -211,7 +211,7 @@ class Requester:
             if secret is None:
                 raise RequesterError(f"no pre-shared key named {cfg.key_name!r} in {route.hmac.keys_file}")
             name = cfg.key_name
-            sign = sending.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest),
+            sign = sending.SignWith(signing.Signer(secret, self.hmac_algorithm, self.digest),
                                     lambda: keys.str_pre_shared_key(name), optimizations=self.optimizations)  # fmt: skip
             encrypt = None
             if self.encrypts or self.encrypts_user:
@@ -225,7 +225,7 @@ class Requester:
             return env.serialize(), pending
         # The symmetric binding: a fresh key, sent encrypted to the recipient, signs and encrypts.
         secret = encryption.new_key(algorithm) if self.encrypts or self.encrypts_user else os.urandom(32)
-        sign = sending.SignWith(signature.Signer(secret, self.hmac_algorithm, self.digest), None,
+        sign = sending.SignWith(signing.Signer(secret, self.hmac_algorithm, self.digest), None,
                                 optimizations=self.optimizations)  # fmt: skip
         encrypt = sending.EncryptFor(algorithm, secret=secret)
         got = sending.secure(env, now, timestamp_ttl_s=cfg.timestamp_ttl_s, sign=sign, sign_parts=parts,
@@ -250,7 +250,7 @@ class Requester:
         if next(assertion.iter(saml.ENCRYPTED_KEY), None) is not None:  # a symmetric key (SAML Token Profile 3.5)
             if self.cfg.proof_key is None:
                 raise RequesterError(f"{self.cfg.assertion}: it confirms a symmetric key: give its proof key")
-            sign = replace(sign, signer=signature.Signer(self.cfg.proof_key, self.hmac_algorithm, self.digest))
+            sign = replace(sign, signer=signing.Signer(self.cfg.proof_key, self.hmac_algorithm, self.digest))
         return assertion, replace(sign, key_info=lambda: saml_reference(assertion, None), certificate=None)
 
     def _secure_in_context(self, env: Envelope, now: datetime) -> bytes:

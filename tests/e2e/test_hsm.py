@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from certs import hsm as hsm_mod
 from filters.engine import faults, ns
 from filters.engine.profiles import SecuredPipeline
-from filters.engine.wss import encryption, keys, signature, token
+from filters.engine.wss import encryption, keys, signature, signing, token
 from filters.engine.wss.optimizations import Optimizations
 from filters.engine.xml.threat_protection import parse_envelope
 from filters.stores.factory import RouteStores
@@ -67,7 +67,7 @@ def test_token_signature_is_the_file_keys(hsm: Path, pki: Path, direct: bool, al
         )
         security = env.root[0][0]
         opts = Optimizations.for_route(model(route_doc(pki, "rsa"))) if direct else None
-        sig = signature.Signer(key, algorithm, "sha256").sign(
+        sig = signing.Signer(key, algorithm, "sha256").sign(
             env, security, [env.body], keys.key_name("k"), new_id=iter(["b", "s"]).__next__, optimizations=opts
         )
         values.append("".join(sig.findtext(f"{{{ns.DS}}}SignatureValue").split()))

@@ -29,6 +29,7 @@ from loadtest import (
     attachment_cpu,
     attachment_gateway,
     bench,
+    bench_gateway,
     engine_cpu,
     engine_parts,
     exchange_profile,
@@ -130,7 +131,7 @@ def test_extproc_latencies_from_envoys_access_log() -> None:
         '[t] "POST /xml/demo HTTP/1.1" 200 via_upstream 9 9 3ms route=xml upstream=x peer="-" extproc=rh:5:0\n',
         '[t] "GET /plain/ HTTP/1.1" 200 via_upstream 9 9 1ms route=hmac upstream=x peer="-" extproc=-\n',
     ]
-    means, n = bench.extproc_latencies(lines, "hmac")
+    means, n = bench_gateway.extproc_latencies(lines, "hmac")
     assert n == 2  # the other route's line and the line without ext_proc do not count
     assert means == {"rh": 1.5, "rb": 0.7, "sh": 0.15, "sb": 0.2}
 

@@ -16,7 +16,7 @@ from lxml import etree
 from filters.engine import faults, ns
 from filters.engine.engine import Exchange
 from filters.engine.profiles import SamlPipeline
-from filters.engine.wss import keys, signature
+from filters.engine.wss import keys, signing
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.xml.threat_protection import parse_envelope
 from filters.stores.factory import RouteStores
@@ -29,22 +29,12 @@ from tests.support.wss_helpers import echo
 HOUR = dt.timedelta(hours=1)
 
 
-@pytest.fixture(scope="module")
-def route(pki: Path) -> Route:
-    return S.saml_route(pki)
-
-
-@pytest.fixture(scope="module")
-def pipeline(route: Route) -> SamlPipeline:
-    return SamlPipeline(route, RouteStores())
-
-
 def beside(route: Route, pki: Path, assertion: etree._Element, signer: str, sign_reference: bool) -> bytes:
     """A message signed by `signer` with its certificate in a BinarySecurityToken, the assertion in the header;
     the STR naming the assertion signed too, or only present."""
     env = parse_envelope(echo(), route.limits)
     reference = (saml_reference(assertion, sending.new_id("STR")),)
-    key = signature.Signer(keys.load_private_key(str(pki / f"{signer}.key")), "rsa-sha256", "sha256")
+    key = signing.Signer(keys.load_private_key(str(pki / f"{signer}.key")), "rsa-sha256", "sha256")
     bst = sending.new_id("X509")
     sign = sending.SignWith(key, lambda: keys.str_reference(bst, ns.X509V3),
                             keys.load_certificate(str(pki / f"{signer}.pem")))  # fmt: skip
@@ -243,7 +233,7 @@ def test_sender_vouches_signing_the_assertion_itself_gets_through(route: Route, 
     own ID (a direct reference) instead of the STR; then swapping in another assertion breaks that digest."""
     env = parse_envelope(echo(), route.limits)
     assertion = S.sign(S.assertion_xml(pki), pki)
-    key = signature.Signer(keys.load_private_key(str(pki / "client2.key")), "rsa-sha256", "sha256")
+    key = signing.Signer(keys.load_private_key(str(pki / "client2.key")), "rsa-sha256", "sha256")
     bst = sending.new_id("X509")
     sign = sending.SignWith(key, lambda: keys.str_reference(bst, ns.X509V3),
                             keys.load_certificate(str(pki / "client2.pem")))  # fmt: skip

@@ -22,7 +22,7 @@ from lxml import etree
 from filters.engine import faults, ns
 from filters.engine.engine import Exchange
 from filters.engine.profiles import SamlPipeline
-from filters.engine.wss import keys, signature
+from filters.engine.wss import keys, signing
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.xml.threat_protection import parse_envelope
 from filters.stores.factory import RouteStores
@@ -37,16 +37,6 @@ MESSAGE_SIGNATURE = f".//{{{ns.WSSE}}}Security/{{{ns.DS}}}Signature"
 HOK_ONLY = {"confirmation": ["holder-of-key"], "attesting_certificates": []}
 
 
-@pytest.fixture(scope="module")
-def route(pki: Path) -> Route:
-    return S.saml_route(pki)
-
-
-@pytest.fixture(scope="module")
-def pipeline(route: Route) -> SamlPipeline:
-    return SamlPipeline(route, RouteStores())
-
-
 def hok(pki: Path, secret: bytes, version: str = "2.0", **kw: Any) -> etree._Element:
     """An IdP's holder-of-key assertion confirming `secret`, encrypted to the gateway."""
     to, transport = kw.pop("to", "gateway-enc"), kw.pop("transport", "rsa-oaep-mgf1p")
@@ -59,12 +49,12 @@ def sent(route: Route, pki: Path, tmp: Path, assertion: etree._Element, secret: 
     return S.client(route, pki, S.write(tmp, assertion), proof_key=secret).secure(echo())[0]
 
 
-def made(route: Route, assertion: etree._Element, key: signature.PrivateKey, algorithm: str = "hmac-sha256",
+def made(route: Route, assertion: etree._Element, key: signing.PrivateKey, algorithm: str = "hmac-sha256",
          key_info: Any = None) -> bytes:  # fmt: skip
     """A message the client would not make: signed with `key` and `algorithm`, its KeyInfo `key_info` (default: an
     STR naming the assertion), the assertion in the header before the signature."""
     env = parse_envelope(echo(), route.limits)
-    sign = sending.SignWith(signature.Signer(key, algorithm, "sha256"),
+    sign = sending.SignWith(signing.Signer(key, algorithm, "sha256"),
                             key_info or (lambda: saml_reference(assertion, None)))  # fmt: skip
     sending.secure(env, S.now(), timestamp_ttl_s=300, sign=sign, unique_ids=True, tokens=(assertion,))
     return env.serialize()
@@ -161,7 +151,7 @@ def test_message_signed_with_another_hmac_key_is_refused(route: Route, pipeline:
 def made_with_binding(route: Route, assertion: etree._Element, key: bytes, gateway: Any) -> bytes:
     """Signed with `key` carried in the header's own EncryptedKey (its KeyInfo names that EncryptedKey)."""
     env = parse_envelope(echo(), route.limits)
-    sign = sending.SignWith(signature.Signer(key, "hmac-sha256", "sha256"), None)
+    sign = sending.SignWith(signing.Signer(key, "hmac-sha256", "sha256"), None)
     sending.secure(env, S.now(), timestamp_ttl_s=300, sign=sign, unique_ids=True, tokens=(assertion,),
                    symmetric_binding=(key, gateway, "rsa-oaep-mgf1p"))  # fmt: skip
     return env.serialize()
@@ -182,7 +172,7 @@ def test_rsa_signature_where_the_assertion_confirms_a_symmetric_key_and_vice_ver
     bst = sending.new_id("X509")
     cert = keys.load_certificate(str(pki / "client.pem"))
     env = parse_envelope(echo(), route.limits)
-    sign = sending.SignWith(signature.Signer(client, "rsa-sha256", "sha256"),
+    sign = sending.SignWith(signing.Signer(client, "rsa-sha256", "sha256"),
                             lambda: keys.str_reference(bst, ns.X509V3), cert)  # fmt: skip
     sending.secure(env, S.now(), timestamp_ttl_s=300, sign=sign, unique_ids=True, tokens=(hok(pki, os.urandom(32)),))
     refused(pipeline, env.serialize(), "FailedAuthentication")

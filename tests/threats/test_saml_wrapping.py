@@ -19,7 +19,6 @@ from lxml import etree
 from filters.engine import faults, ns
 from filters.engine.engine import Exchange
 from filters.engine.profiles import SamlPipeline
-from filters.stores.factory import RouteStores
 from gateway.policy import Route
 from tests.support import saml as S
 from tests.support.harness import GatewayFactory, LiveGateway
@@ -30,16 +29,6 @@ DS_SIG = ns.q(ns.DS, "Signature")
 ASSERTION = ns.q(ns.SAML2, "Assertion")
 NAME_ID = ns.q(ns.SAML2, "NameID")
 WSU_ID = ns.q(ns.WSU, "Id")
-
-
-@pytest.fixture(scope="module")
-def route(pki: Path) -> Route:
-    return S.saml_route(pki)
-
-
-@pytest.fixture(scope="module")
-def pipeline(route: Route) -> SamlPipeline:
-    return SamlPipeline(route, RouteStores())
 
 
 def message(route: Route, pki: Path, tmp: Path) -> etree._Element:

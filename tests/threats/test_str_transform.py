@@ -20,7 +20,6 @@ from filters.engine import ns
 from filters.engine.profiles import SamlPipeline
 from filters.engine.wss import keys, str_transform
 from filters.engine.xml import c14n
-from filters.stores.factory import RouteStores
 from gateway.policy import Route
 from tests.support import saml as S
 from tests.threats.test_saml_assertions import accepted, beside, refused
@@ -32,16 +31,6 @@ def _ds(local: str) -> str:
 
 INCLUSIVE_C14N = "http://www.w3.org/TR/2001/REC-xml-c14n-20010315"
 ASSERTION = ns.q(ns.SAML2, "Assertion")
-
-
-@pytest.fixture(scope="module")
-def route(pki: Path) -> Route:
-    return S.saml_route(pki)
-
-
-@pytest.fixture(scope="module")
-def pipeline(route: Route) -> SamlPipeline:
-    return SamlPipeline(route, RouteStores())
 
 
 Edit = Callable[[etree._Element, etree._Element, etree._Element, etree._Element], None]

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from filters.engine import faults, metrics, ns
 from filters.engine.engine import Exchange
 from filters.engine.profiles import SecureConversationPipeline, SecuredPipeline
-from filters.engine.wss import keys, signature, wssecurity
+from filters.engine.wss import keys, signature, signing, wssecurity
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.wss.digest_cache import DigestCache
 from filters.engine.wss.optimizations import Optimizations
@@ -154,7 +154,7 @@ def sign_awkward(
     assert security is not None and env.header is not None
     parts = [env.body, security[0], env.header[1]]  # Body, Timestamp, wsa:To
     key: Any = psk(pki) if algorithm.startswith("hmac") else keys.load_private_key(pki / "client.key")
-    signer = signature.Signer(key, algorithm, "sha256")
+    signer = signing.Signer(key, algorithm, "sha256")
     signer.sign(env, security, parts, keys.key_name("demo-client"), optimizations=optimizations)
     return env
 
@@ -248,7 +248,7 @@ def sign_awkward_env() -> etree._Element:
     sending.secure(env, datetime(2030, 1, 1, tzinfo=UTC), timestamp_ttl_s=300, sign=None)
     security = wssecurity.find_security(env)
     assert security is not None
-    signature.Signer(b"k" * 32, "hmac-sha256", "sha256").sign(env, security, [env.body, security[0]],
+    signing.Signer(b"k" * 32, "hmac-sha256", "sha256").sign(env, security, [env.body, security[0]],
                                                                keys.key_name("demo-client"))  # fmt: skip
     return env.root
 
@@ -298,7 +298,7 @@ def test_signed_info_written_directly_is_the_one_xmlsec_signs(pki: Path, algorit
         security = wssecurity.find_security(env)
         assert security is not None
         key: Any = psk(pki) if algorithm.startswith("hmac") else keys.load_private_key(pki / "client.key")
-        signature.Signer(key, algorithm, "sha256").sign(
+        signing.Signer(key, algorithm, "sha256").sign(
             env, security, [env.body, security[0]], keys.key_name("demo-client"), optimizations=optimizations
         )
         return find(parse_envelope(env.serialize(), Limits()).root, f".//{{{DS}}}Signature")
@@ -678,7 +678,7 @@ def test_same_body_in_other_namespaces_never_gets_a_stale_digest(pki: Path) -> N
     """The same Body bytes under an Envelope that binds a prefix differently: another canonical form (the
     prefix is in the Body's InclusiveNamespaces), so another digest, never the prehashed one."""
     opts = Optimizations(prehash=DigestCache(16))
-    signer = signature.Signer(psk(pki), "hmac-sha256", "sha256")
+    signer = signing.Signer(psk(pki), "hmac-sha256", "sha256")
     digests = []
     for uri in ("urn:one", "urn:two"):
         plain = echo("same").replace(b"<soap:Envelope ", f'<soap:Envelope xmlns:x="{uri}" '.encode())

@@ -18,7 +18,7 @@ from lxml import etree
 
 from certs import pki as pki_mod
 from filters.engine import faults, ns
-from filters.engine.wss import keys, signature
+from filters.engine.wss import keys, signature, signing
 from filters.engine.xml import threat_protection
 from filters.engine.xml.soap import Envelope
 from gateway.policy import Limits, SignaturePolicy
@@ -114,12 +114,12 @@ class Pki:
     ) -> bytes:
         env = env or envelope()
         if algorithm.startswith("hmac"):
-            key: signature.PrivateKey = self.hmac["demo-client"]
+            key: signing.PrivateKey = self.hmac["demo-client"]
             child = keys.key_name("demo-client")
         else:
             key = self.rogue_key if rogue else self.client_key
             child = key_info_for(form, self.rogue if rogue else self.client, env)
-        signature.sign(env, security(env), parts(env), key, algorithm, digest, child)
+        signing.sign(env, security(env), parts(env), key, algorithm, digest, child)
         return env.serialize()
 
     def resolve(self, env: Envelope, sig: etree._Element) -> x509.Certificate | bytes:
@@ -243,7 +243,7 @@ def test_existing_ids_kept_and_fresh_ids_unique(p: Pki) -> None:
 
 
 def test_signer_reused(p: Pki) -> None:
-    signer = signature.Signer(p.client_key, "rsa-sha256", "sha256")
+    signer = signing.Signer(p.client_key, "rsa-sha256", "sha256")
     for _ in range(3):
         env = envelope()
         signer.sign(env, security(env), [env.body], keys.str_issuer_serial(p.client), id_prefix="gw")
@@ -253,11 +253,11 @@ def test_signer_reused(p: Pki) -> None:
 
 def test_signer_refuses_mismatched_key(p: Pki) -> None:
     with pytest.raises(ValueError):
-        signature.Signer(p.client_key, "hmac-sha256", "sha256")
+        signing.Signer(p.client_key, "hmac-sha256", "sha256")
     with pytest.raises(ValueError):
-        signature.Signer(b"k" * 32, "rsa-sha256", "sha256")
+        signing.Signer(b"k" * 32, "rsa-sha256", "sha256")
     with pytest.raises(ValueError):
-        signature.Signer(p.client_key, "rsa-md5", "sha256")
+        signing.Signer(p.client_key, "rsa-md5", "sha256")
 
 
 # --- cryptographic failures ----------------------------------------------------------------------------
@@ -296,7 +296,7 @@ def test_expired_certificate_verifies_but_is_not_trusted(p: Pki) -> None:
     expired = pki_mod.issue(ca, "Demo Client", client_auth=True, not_before=now - dt.timedelta(days=3), days=1)
     env = envelope()
     security(env).insert(0, keys.make_bst(expired.cert, "X509-1"))
-    signature.sign(
+    signing.sign(
         env, security(env), [env.body], expired.key, "rsa-sha256", "sha256", keys.str_reference("X509-1", ns.X509V3)
     )
     _, verified = receive(p, env.serialize())
@@ -307,7 +307,7 @@ def test_expired_certificate_verifies_but_is_not_trusted(p: Pki) -> None:
 
 def test_short_hmac_key_refused(p: Pki) -> None:
     env = envelope()
-    signature.sign(env, security(env), [env.body], b"short", "hmac-sha256", "sha256", keys.key_name("weak"))
+    signing.sign(env, security(env), [env.body], b"short", "hmac-sha256", "sha256", keys.key_name("weak"))
     with refused("InvalidSecurity"):
         receive(p, env.serialize(), key=b"short")
 
@@ -316,7 +316,7 @@ def test_key_decides_the_algorithm_family(p: Pki) -> None:
     # HMAC keyed with the (public) certificate: the classic key confusion.
     der = p.client.public_bytes(serialization.Encoding.DER)
     env = envelope()
-    signature.sign(env, security(env), [env.body], der, "hmac-sha256", "sha256", keys.str_issuer_serial(p.client))
+    signing.sign(env, security(env), [env.body], der, "hmac-sha256", "sha256", keys.str_issuer_serial(p.client))
     with refused("UnsupportedAlgorithm"):
         receive(p, env.serialize())
     with refused("UnsupportedAlgorithm"):

@@ -5,7 +5,7 @@ the backend, SecuredPipeline.response secures the backend's answer and the Clien
 its WS-Security fault code with the generic message of faults.WSSE_CODES and leaves nothing for the backend.
 
 Real keys from the session PKI (tests/conftest.py) and real crypto; messages the Client cannot make (encrypt-then-
-sign, attacks) are built with the engine's own pieces (sending.secure, signature.Signer, encryption). Only the
+sign, attacks) are built with the engine's own pieces (sending.secure, signing.Signer, encryption). Only the
 client's clock is ever moved, for the freshness tests."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from certs import pki as pki_mod
 from filters.engine import faults, ns
 from filters.engine.engine import Exchange, Outcome
 from filters.engine.profiles import SecuredPipeline
-from filters.engine.wss import encryption, keys, signature, wssecurity
+from filters.engine.wss import encryption, keys, signing, wssecurity
 from filters.engine.wss import wssecurity_sending as sending
 from filters.engine.xml.soap import Envelope
 from filters.engine.xml.threat_protection import parse_envelope
@@ -215,7 +215,7 @@ def sign_x509(
     """Sign `elements` with `who`'s key; BinarySecurityToken and Signature land at position `at` of the header."""
     security = security_of(env)
     bst_id = sending.new_id("X509")
-    signer = signature.Signer(keys.load_private_key(pki / f"{who}.key"), algorithm, "sha256")
+    signer = signing.Signer(keys.load_private_key(pki / f"{who}.key"), algorithm, "sha256")
     sig = signer.sign(env, security, elements, keys.str_reference(bst_id, ns.X509V3))
     security.remove(sig)
     security.insert(at, sig)
@@ -227,7 +227,7 @@ def sign_hmac(
     env: Envelope, secret: bytes, key_info: etree._Element, elements: list[etree._Element], *, at: int = 0
 ) -> etree._Element:
     security = security_of(env)
-    sig = signature.Signer(secret, "hmac-sha256", "sha256").sign(env, security, elements, key_info)
+    sig = signing.Signer(secret, "hmac-sha256", "sha256").sign(env, security, elements, key_info)
     security.remove(sig)
     security.insert(at, sig)
     return sig
@@ -1303,7 +1303,7 @@ def test_response_encrypted_for_a_128_bit_symmetric_binding_key(pki: Path) -> No
         env,
         datetime.now(UTC),
         timestamp_ttl_s=300,
-        sign=sending.SignWith(signature.Signer(secret, "hmac-sha256", "sha256"), None),
+        sign=sending.SignWith(signing.Signer(secret, "hmac-sha256", "sha256"), None),
         encrypt=sending.EncryptFor("aes128-gcm", secret=secret),
         symmetric_binding=(secret, gateway_cert(pki), "rsa-oaep-mgf1p"),
     )
@@ -1327,7 +1327,7 @@ KEY_REFERENCES = {
 def test_signer_named_without_a_token(pki: Path, form: str) -> None:
     """X.509 signers named by SKI, thumbprint or IssuerSerial: accepted when the route knows the certificate."""
     cert = keys.load_certificate(pki / "client.pem")
-    signer = signature.Signer(keys.load_private_key(pki / "client.key"), "rsa-sha256", "sha256")
+    signer = signing.Signer(keys.load_private_key(pki / "client.key"), "rsa-sha256", "sha256")
     env = parse_envelope(echo("by reference"), Limits())
     sending.secure(
         env,

@@ -28,7 +28,7 @@ from cryptography import x509
 from lxml import etree
 
 from filters.engine import ns
-from filters.engine.wss import attachments, encryption, keys, signature, timestamp, username_token
+from filters.engine.wss import attachments, encryption, keys, signature, signing, timestamp, username_token
 from filters.engine.wss.optimizations import Optimizations
 from filters.engine.wss.wssecurity import (
     REFERENCE_LIST,
@@ -45,7 +45,7 @@ from filters.engine.xml.soap import Envelope
 class SignWith:
     """A signing key and how the receiver finds it."""
 
-    signer: signature.Signer
+    signer: signing.Signer
     key_info: Callable[[], etree._Element] | None  # a fresh KeyInfo child per message; None: the binding's key
     certificate: x509.Certificate | None = None  # sent as a BinarySecurityToken (X.509 signatures)
     optimizations: Optimizations | None = None  # the route's (prehashing); None: xmlsec signs it all
@@ -215,7 +215,7 @@ def secure(
 
 def _ensure_wsu_ids(elements: list[etree._Element], ids: _MessageIds) -> None:
     for el in elements:
-        if signature.own_id(el) is None:
+        if signing.own_id(el) is None:
             el.set(WSU_ID, ids("id"))
 
 
