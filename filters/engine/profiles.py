@@ -441,7 +441,7 @@ def context_security(
     if not derived:
         sct = functools.partial(sc.sct_reference, ctx.version, identifier=ctx.identifier)
         sign = sending.SignWith(
-            signer=signature.Signer(ctx.secret, _hmac_algorithm(route, algorithm), _digest(route)),
+            signer=Signer(ctx.secret, _hmac_algorithm(route, algorithm), _digest(route)),
             key_info=sct,
             optimizations=optimizations,
         )
