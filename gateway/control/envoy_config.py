@@ -130,7 +130,7 @@ STREAMED_MODE = {
     "response_trailer_mode": "SEND",
 }
 # extproc=: Envoy's own account of the ext_proc exchange, e.g. rh:1037:0,rb:1:613:0,sh:343:0,sb:1:374:0 (per phase:
-# calls and microseconds until the filter answered; loadtest/bench.py reads it for the round-trip breakdown).
+# calls and microseconds until the filter answered; loadtest/bench_gateway.py reads it for the round-trip breakdown).
 ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" %RESPONSE_CODE% '
     "%RESPONSE_CODE_DETAILS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION%ms route=%ROUTE_NAME% "
