@@ -11,6 +11,7 @@ from lxml import etree
 from filters.engine import faults
 from filters.engine.engine import Exchange, RoutePipeline
 from filters.engine.mime import package as mime
+from filters.engine.mime import xop
 from gateway.policy import Attachments, Route
 from tests.support import mime as build
 
@@ -127,3 +128,34 @@ def test_content_after_the_close_delimiter_of_a_lent_body_is_refused(tail: bytes
         tail = b"\r\n--" + ct.split('boundary="')[1].split('"')[0].encode() + b"\r\n"
     with pytest.raises(faults.Fault, match="after the close delimiter"):
         mime.parse(ct, _lent(body + tail), LIMITS)
+
+
+# The XPath that `xop.cid_urls` walks by hand (the reading every reader of a cid: URL must not get past).
+_CID_XPATH = etree.XPath(
+    "//@*[starts-with(translate(normalize-space(.), 'CID', 'cid'), 'cid:')]"
+    " | //*[not(*)][starts-with(translate(normalize-space(.), 'CID', 'cid'), 'cid:')]"
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '<a href="cid:x@t"/>',
+        '<a href=" \t\r\nCiD:x@t "/>',  # XML whitespace before, any case of "cid"
+        '<a href="&#160;cid:x@t"/>',  # a no-break space is not XML whitespace: no URL to XPath either
+        '<a href="xcid:x@t" b="c:d"/>',
+        "<a>cid:x@t</a>",
+        "<a>\n  CID:x@t\n</a>",
+        "<a>ci<!-- split -->d:x@t</a>",  # a comment cannot split a URL out of sight
+        "<a>c<?pi id:no?>id:x@t</a>",
+        "<a><![CDATA[cid:]]>x@t</a>",
+        "<a>cid:x@t<b/></a>",  # text beside an element child: not a leaf's text
+        "<a><b>cid:x@t</b><c d='CID:y@t'>cid:z@t</c></a>",
+        "<a><!--cid:no@t--></a>",
+    ],
+)
+def test_cid_url_hidden_by_spelling_is_found_as_xpath_reads_it(body: str) -> None:
+    root = etree.fromstring(f"<r xmlns:x='urn:x' x:id='cid:r@t'>{body}</r>")
+    expected = sorted((v if isinstance(v, str) else "".join(v.itertext())).strip() for v in _CID_XPATH(root))
+    assert sorted(xop.cid_urls(root)) == expected
+    assert "cid:r@t" in expected

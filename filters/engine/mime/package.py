@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 from filters.engine import faults
@@ -27,6 +28,7 @@ _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _MEDIA_TYPE = re.compile(rf"[ \t]*({_TOKEN})/({_TOKEN})[ \t]*")
 _PARAMETER = re.compile(rf";[ \t]*({_TOKEN})[ \t]*=[ \t]*({_TOKEN}|\"(?:[^\"\\\r\n]|\\[^\r\n])*\")[ \t]*")
 _HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_NOT_HEADER_TEXT = re.compile(rb"[^\t\x20-\x7e]")  # a control character (but tab) or a non-ASCII byte
 # msg-id as senders write it: no spaces, no brackets, no quotes, no '%' (a cid: URL's escape character: an id
 # holding one could be named by two URLs).
 _CONTENT_ID = re.compile(r"<([!#$&'*+\-./0-9:=?@A-Z^_`a-z{|}~]{1,250})>")
@@ -85,7 +87,7 @@ class Part:
     body: memoryview | bytes  # the content, still in its transfer encoding
     raw_headers: memoryview | bytes | None = None  # the header block as received: serialized as it came
 
-    @property
+    @cached_property  # read by every check and profile: parsed once
     def media(self) -> MediaType:
         return media_type(self.content_type, "part")
 
@@ -106,7 +108,7 @@ class Package:
     boundary: str
     content_type: str  # the outer Content-Type header as received
 
-    @property
+    @cached_property  # read by every check and profile: parsed once
     def media(self) -> MediaType:
         return media_type(self.content_type, "message")
 
@@ -159,7 +161,9 @@ def parse(content_type_header: str, body: bytes | memoryview, limits: Limits) ->
     _check_root(root, root_type, outer)
     for p in rest:
         _check_attachment(p, limits)
-    return Package(root, tuple(rest), start, boundary, content_type_header)
+    package = Package(root, tuple(rest), start, boundary, content_type_header)
+    package.__dict__["media"] = outer  # `media`'s cached value: the header is parsed once
+    return package
 
 
 _LINE_ENDS = re.compile(rb"[\r\n]*")
@@ -228,7 +232,8 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
     if end > limits.max_part_header_bytes:
         raise refused(f"part headers longer than {limits.max_part_header_bytes} bytes")
     block = raw[:end]
-    if b"\n" in block.replace(CRLF, b"") or b"\r" in block.replace(CRLF, b""):
+    unbroken = block.replace(CRLF, b"")
+    if b"\n" in unbroken or b"\r" in unbroken:
         raise refused("bare CR or LF in part headers")
     headers: list[tuple[str, str]] = []
     names: set[str] = set()
@@ -238,7 +243,7 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
         name, colon, value = line.partition(b":")
         if not colon or not _HEADER_NAME.fullmatch(name):
             raise refused("malformed part header")
-        if any((c < 0x20 and c != 0x09) or c > 0x7E for c in value):
+        if _NOT_HEADER_TEXT.search(value):
             raise refused("non-ASCII or control character in a part header")
         key = name.decode("ascii").lower()
         if key in names:

@@ -57,7 +57,8 @@ def check(msg: Message, env: Envelope, policy: Attachments) -> None:
     label = msg.package.root.media.params.get("charset")
     if label is not None and label.lower() != env.encoding:
         raise mime.refused(f"root part labelled {label[:20]!r}, its bytes are {env.encoding}")
-    declared = SOAP_TYPES.get(mime.media_type(msg.soap_type, "root").essence)
+    soap = mime.media_type(msg.soap_type, "root") if msg.xop else msg.package.root.media  # the root's own: parsed
+    declared = SOAP_TYPES.get(soap.essence)
     if declared != env.version:
         raise mime.refused(f"root part declared SOAP {declared}, the envelope is SOAP {env.version}")
     named = resolve(msg, env)

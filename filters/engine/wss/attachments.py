@@ -221,11 +221,15 @@ def _escape(c: str) -> str:
 
 def _unfold(text: str) -> str:
     """Remove each line break that a space or tab follows, or that ends the value (Jakarta Mail's unfold)."""
+    if "\r" not in text and "\n" not in text:
+        return text
     return re.sub(r"(\r\n|\r|\n)(?=[ \t]|$)", "", text)
 
 
 def _uncomment(text: str) -> str:
     """Remove (comments), nested ones too, outside quoted strings."""
+    if "(" not in text:
+        return text
     out: list[str] = []
     depth = 0
     quoted = False
