@@ -199,19 +199,12 @@ def p_sha1(secret: bytes | KeyedSha1, seed: bytes, length: int) -> bytes:
     label + nonce, offset + length)."""
     if length < 0:
         raise ValueError(f"P_SHA1 length must not be negative, got {length}")
-    keyed = secret if isinstance(secret, KeyedSha1) else KeyedSha1(secret)
-    inner, outer = keyed._inner, keyed._outer  # KeyedSha1.mac inlined: four HMACs for a 32-byte key
+    mac = (secret if isinstance(secret, KeyedSha1) else KeyedSha1(secret)).mac
     out = b""
     a = seed
     while len(out) < length:
-        h, o = inner.copy(), outer.copy()
-        h.update(a)
-        o.update(h.digest())
-        a = o.digest()
-        h, o = inner.copy(), outer.copy()
-        h.update(a + seed)
-        o.update(h.digest())
-        out += o.digest()
+        a = mac(a)
+        out += mac(a + seed)
     return out[:length]
 
 
