@@ -43,11 +43,14 @@ def _cpu(gw: Gateway) -> float:
     return sum(_cpu_seconds(pid) for role in COUNTED for pid in pids[role])
 
 
-def _slice(gw: Gateway, path: str, bodies: Path, threads: int, connections: int, seconds: float) -> tuple[float, int]:
-    """One slice of saturation load on `gw`: (gateway CPU seconds, requests completed)."""
+def slice_cost(
+    gw: Gateway, path: str, bodies: Path, threads: int, connections: int, seconds: float, url: str | None = None
+) -> tuple[float, int]:
+    """One slice of saturation load on `gw` (at `url`, else its HTTP listener), each body sent once: (gateway CPU
+    seconds, requests completed)."""
     before = _cpu(gw)
-    wrk = run_wrk(f"http://127.0.0.1:{gw.opts.http_port}", path, "text/xml; charset=utf-8", bodies, True, threads,
-                  connections, seconds)  # fmt: skip
+    wrk = run_wrk(url or f"http://127.0.0.1:{gw.opts.http_port}", path, "text/xml; charset=utf-8", bodies, True,
+                  threads, connections, seconds)  # fmt: skip
     if wrk.errors or not wrk.requests:
         raise RuntimeError(f"{wrk.errors} errors in {wrk.requests} requests: {wrk.raw}")
     gw.supervise_once()
@@ -104,7 +107,7 @@ def run(
                 pool, out / "bodies" / f"{profile}-warm", profile, math.ceil(3000 * slice_s / threads), threads
             )
             rate = max(
-                n / slice_s for _, n in (_slice(gw, path, warm, threads, connections, slice_s) for gw in (off, on))
+                n / slice_s for _, n in (slice_cost(gw, path, warm, threads, connections, slice_s) for gw in (off, on))
             )
             per_thread = math.ceil(rate * slice_s * 1.5 / threads) + connections
             for t in range(threads):
@@ -118,7 +121,7 @@ def run(
             for i, prefix in enumerate(prefixes):
                 cost = {}
                 for name, gw in (("off", off), ("on", on)) if i % 2 == 0 else (("on", on), ("off", off)):
-                    seconds, requests = _slice(gw, path, prefix, threads, connections, slice_s)
+                    seconds, requests = slice_cost(gw, path, prefix, threads, connections, slice_s)
                     cost[name] = seconds / requests
                 ratios[profile].append(cost["on"] / cost["off"])
                 for t in range(threads):

@@ -7,7 +7,8 @@
 - loadtest/optimizations.py: a tiny run prints every row, with the hit rates the traffic implies;
 - loadtest/engine_cpu.py: a tiny run gives every secured profile its row beside WSS4J's, measured in the same run;
 - loadtest/saml_cost.py: a tiny run gives rsa and both saml profiles their row and ratio, and --only runs one;
-- loadtest/attachment_gateway.py: a tiny run sends SwA requests through the gateway, every reply verified."""
+- loadtest/attachment_gateway.py: a tiny run sends SwA requests through the gateway, every reply verified;
+- loadtest/outbound_ab.py: slices alternating between two outbound routes give a ratio per pair and the target."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from loadtest import (
     exchange_profile,
     large,
     optimizations,
+    outbound_ab,
     saml_cost,
 )
 from loadtest.messages import PROFILES, CheckFailed, Factory
@@ -357,6 +359,17 @@ def test_bench_outbound_rows_smoke(tmp_path: Path, pki: Path) -> None:
     assert re.search(r"target \(issue 24\): outbound-sc <= outbound-hmac-encrypted, 1 KB .*x: (met|MISSED)", text), text
     assert re.search(r"\n  outbound-sc-signed +1 KB +[\d,]+ +not measured +-\n", text), text
     assert re.search(r"target \(issue 24\): outbound-sc-signed <= outbound-hmac, 1 KB .*x: (met|MISSED)", text), text
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="Debian's wrk is not installed (.ci/run installs it)")
+def test_outbound_ab_smoke(tmp_path: Path, pki: Path) -> None:
+    """loadtest/outbound_ab.py (issue 24's finer row): one gateway, load alternating between outbound-sc-signed
+    and outbound-hmac in slices, a ratio per pair of slices and the target line. A smoke run, never a measure."""
+    log = io.StringIO()
+    pair = ("outbound-sc-signed", "outbound-hmac")
+    ratios = outbound_ab.run((pair,), slices=2, slice_s=1, workers=1, out=tmp_path, certs=pki, log=log)
+    assert len(ratios[pair]) == 2 and all(r > 0 for r in ratios[pair]), log.getvalue()
+    assert re.search(r"#24 target: outbound-sc-signed <= outbound-hmac: \d\.\d{3}x -> (met|MISSED)", log.getvalue())
 
 
 def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -> None:
