@@ -14,8 +14,8 @@ for Complete the plaintext starts with the encrypted headers and a blank line. S
 failure for the client and the same CBC rules as XML Encryption (filters/engine/wss/encryption.py; the caller
 applies wssecurity._check_cbc before `decrypt`).
 
-Bytes are hashed and ciphered in CHUNK slices of one memoryview: nothing is copied whole except the result of a
-decryption or encryption (which replaces the part's body)."""
+Bytes are hashed in CHUNK slices of one memoryview and ciphered in one call: nothing is copied whole except the
+result of a decryption or encryption (which replaces the part's body)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ class Attachment:
     encrypted_data: etree._Element | None = field(default=None, repr=False)  # what it was decrypted from
 
     def header(self, name: str) -> str | None:
-        found = [v for n, v in self.headers if n.lower() == name.lower()]
+        name = name.lower()
+        found = [v for n, v in self.headers if n.lower() == name]
         if len(found) > 1:
             raise faults.security("InvalidSecurity", f"attachment {self.content_id[:80]!r}: {name} twice")
         return found[0] if found else None
