@@ -135,7 +135,7 @@ def test_attachment_encryption_round_trip(complete: bool, algorithm: str) -> Non
     key = os.urandom(32 if algorithm.startswith("aes256") else 16)
     part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf"),
                                   ("Content-Disposition", "attachment; filename=x.pdf")], body)  # fmt: skip
-    ed = swa.encrypt(part, key, algorithm, complete, etree.Element("holder"), "ED-1")
+    ed = swa.encrypt(part, key, algorithm, complete, "ED-1")
     assert part.content_type == "application/octet-stream" and bytes(part.body[16:]) != body
     assert (part.header("Content-Disposition") is None) == complete  # Attachment-Complete moves it inside
     parts = swa.Attachments([part])
@@ -151,7 +151,7 @@ def test_attachment_cbc_padding_out_of_range_refused(last: int) -> None:
     encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
     cipher = iv + encryptor.update(os.urandom(2 * swa.CHUNK + 15) + bytes([last])) + encryptor.finalize()
     part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf")], b"x")
-    ed = swa.encrypt(part, key, "aes256-cbc", False, etree.Element("holder"), "ED-1")
+    ed = swa.encrypt(part, key, "aes256-cbc", False, "ED-1")
     part.body = bytearray(cipher)
     with pytest.raises(faults.Fault) as err:
         swa.decrypt(ed, key, ["aes256-cbc"], swa.Attachments([part]))
@@ -163,7 +163,7 @@ def test_attachment_gcm_ciphertext_or_tag_changed_refused(where: int) -> None:
     """One bit changed anywhere (IV, content, tag): the tag check fails and no plaintext becomes the body."""
     key, body = os.urandom(32), os.urandom(2 * swa.CHUNK)
     part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf")], body)
-    ed = swa.encrypt(part, key, "aes256-gcm", False, etree.Element("holder"), "ED-1")
+    ed = swa.encrypt(part, key, "aes256-gcm", False, "ED-1")
     part.body[where] ^= 1
     sent = bytes(part.body)
     with pytest.raises(faults.Fault) as err:
@@ -175,7 +175,7 @@ def _sealed(plain: bytes) -> tuple[etree._Element, swa.Attachments, bytes]:
     """An Attachment-Complete EncryptedData over exactly `plain` (headers and content as given)."""
     key = os.urandom(32)
     part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/octet-stream")], plain)
-    ed = swa.encrypt(part, key, "aes256-gcm", False, etree.Element("holder"), "ED-1")
+    ed = swa.encrypt(part, key, "aes256-gcm", False, "ED-1")
     ed.set("Type", swa.COMPLETE)
     return ed, swa.Attachments([part]), key
 
@@ -219,6 +219,35 @@ def test_part_whose_new_bytes_hold_the_boundary_travels_base64() -> None:
     again = mime.parse(content_type, mime.serialize(swa.to_package(package, parts)), LIMITS)
     assert again.attachments[0].transfer_encoding == "base64"
     assert bytes(swa.from_parts(again.attachments).parts[0].body) == bytes(parts.parts[0].body)
+
+
+def _rewritten(boundary: str, body: bytes, encrypted: bool) -> mime.Part:
+    """The one attachment of a package under `boundary`, its bytes replaced by `body` as a decryption
+    (`encrypted` False) or an encryption here would, written back and read again."""
+    content_type = f'multipart/related; type="text/xml"; boundary={boundary}; start="<root@test>"'
+    root = build.part([("Content-Type", "text/xml"), ("Content-ID", "<root@test>")], build.envelope(""))
+    att = build.part([("Content-Type", "image/png"), ("Content-ID", "<a@test>")], b"x")
+    package = mime.parse(content_type, build.package([root, att], boundary), LIMITS)
+    parts = swa.from_parts(package.attachments)
+    parts.parts[0].body, parts.parts[0].changed, parts.parts[0].encrypted = bytearray(body), True, encrypted
+    again = mime.parse(content_type, mime.serialize(swa.to_package(package, parts)), LIMITS)
+    assert bytes(swa.from_parts(again.attachments).parts[0].body) == body
+    return again.attachments[0]
+
+
+@pytest.mark.parametrize("boundary", ["b", "short_b_15bytes"])  # delimiters of 3 and 17 bytes
+def test_decrypted_plaintext_holding_the_boundary_travels_base64_whatever_its_length(boundary: str) -> None:
+    """A decrypted plaintext is its sender's choice: always searched for the delimiter, however long."""
+    body = os.urandom(1000) + f"\r\n--{boundary}\r\nX-Injected: 1\r\n\r\n".encode() + os.urandom(1000)
+    assert _rewritten(boundary, body, encrypted=False).transfer_encoding == "base64"
+
+
+def test_our_ciphertext_holding_a_short_boundary_travels_base64() -> None:
+    """Under a delimiter shorter than SURE_DELIMITER, random bytes may hold it: our ciphertext is searched too."""
+    boundary = "b" * (swa.SURE_DELIMITER - 3)
+    body = os.urandom(1000) + f"\r\n--{boundary}\r\n".encode() + os.urandom(1000)
+    assert _rewritten(boundary, body, encrypted=True).transfer_encoding == "base64"
+    assert _rewritten(boundary, os.urandom(2000), encrypted=True).transfer_encoding == "binary"
 
 
 def test_xop_expanded_for_the_security_header_then_restored() -> None:

@@ -261,7 +261,7 @@ class _Encryptions:
         """An attachment encrypted in place (Attachment-Complete); its EncryptedData follows the key's carrier."""
         secret, listed = self._key(spec)
         ed_id = new_id("ED")
-        ed = attachments.encrypt(part, secret, spec.algorithm, True, etree.Element("held"), ed_id)
+        ed = attachments.encrypt(part, secret, spec.algorithm, True, ed_id)
         key_info = self._key_info(spec)
         if key_info is not None:
             ed.insert(1, etree.Element(ns.q(ns.DS, "KeyInfo"), nsmap={"ds": ns.DS}))
