@@ -409,6 +409,18 @@ def test_message_keys_fresh_per_message() -> None:
     assert sc.message_keys(ctx).signing.element.find(ns.q(WSC_1_3.wsc, "Label")) is None  # the default shape again
 
 
+def test_derived_key_token_never_names_another_context_kept_built() -> None:
+    """Each context's DerivedKeyToken is kept built (per version, reference and length): a message in one context
+    never carries another's reference, whichever was built first, and the version's own namespace."""
+    one, two = context_for(WSC_1_3, "urn:uuid:one"), context_for(WSC_1_3, "urn:uuid:two")
+    old = context_for(WSC_2005_02, "urn:uuid:one")
+    for ctx in (one, two, old, one, two, old):
+        parsed = sc.parse_dkt(reparsed(sc.context_key(ctx).element))
+        assert (parsed.version, parsed.source.identifier, parsed.length) == (ctx.version, ctx.identifier, 32)
+    local = sc.parse_dkt(reparsed(sc.context_key(one, local_id="sct-1", length=16).element))
+    assert (local.source.local_id, local.source.identifier, local.length) == ("sct-1", None, 16)
+
+
 def test_header_sct_ids_must_be_unique() -> None:
     token = sc.sct_element(WSC_1_3, "urn:uuid:a", "dup")
     security = security_header(token)

@@ -97,6 +97,7 @@ MIN_DK_NONCE_BYTES = 8  # no nonce (or a tiny one) would give every message of a
 MIN_DK_LENGTH, MAX_DK_LENGTH = 16, 64
 MAX_DK_OUTPUT = 4096  # offset + length: bounds the P_SHA1 work one token can ask for
 MAX_IDENTIFIER = 4096
+CONTEXT_TEMPLATES = 128  # contexts whose DerivedKeyToken is kept built (each at most MAX_IDENTIFIER characters more)
 MAX_CONTEXT_ATTRIBUTE = 1024
 # How long an expired context is still recognised (memory, redis), so its client hears RenewNeeded rather than
 # BadContextToken; sealed identifiers are recognised for ever.
@@ -573,15 +574,20 @@ def build_dkt(
     `secret` (as p_sha1 takes it). Reference it with keys.str_reference(result.id, version.dk_token_type)."""
     if generation is not None and offset:
         raise ValueError("Offset and Generation exclude each other")
+    el = _dkt_template(version.wsc, length, offset, generation, label).__copy__()  # lxml: a deep copy
+    el.insert(0, source)
+    start = offset if generation is None else generation * length
+    return _keyed(el, secret, DEFAULT_LABEL if label is None else label.encode(), nonce, start, length)
+
+
+def _keyed(el: etree._Element, secret: bytes | KeyedSha1, label: bytes, nonce: bytes | None, start: int,
+           length: int) -> DerivedKey:  # fmt: skip
+    """A copied DerivedKeyToken template given its wsu:Id and Nonce (its last child), and the key it derives."""
     nonce = os.urandom(DK_NONCE_BYTES) if nonce is None else nonce
     dk_id = new_id("DK")
-    el = _dkt_template(version.wsc, length, offset, generation, label).__copy__()  # lxml: a deep copy
     el.set(_WSU_ID, dk_id)
-    el.insert(0, source)
     el[-1].text = base64.b64encode(nonce).decode()
-    start = offset if generation is None else generation * length
-    seed = (DEFAULT_LABEL if label is None else label.encode()) + nonce
-    return DerivedKey(el, dk_id, p_sha1(secret, seed, start + length)[start:])
+    return DerivedKey(el, dk_id, p_sha1(secret, label + nonce, start + length)[start:])
 
 
 @functools.lru_cache(maxsize=32)
@@ -608,8 +614,20 @@ class MessageKeys:
 def context_key(ctx: Context, *, local_id: str | None = None, length: int = DEFAULT_DK_LENGTH) -> DerivedKey:
     """A DerivedKeyToken for a message in `ctx`, with a fresh nonce, and its key. It references the SCT by
     Identifier, or by `local_id` when the message carries the SCT in its header."""
-    ref = sct_reference(ctx.version, identifier=None if local_id else ctx.identifier, local_id=local_id)
-    return build_dkt(ctx.version, ref, ctx.prf, length=length)
+    el = _context_dkt(ctx.version.wsc, ctx.identifier if local_id is None else f"#{local_id}", length).__copy__()
+    return _keyed(el, ctx.prf, DEFAULT_LABEL, None, 0, length)
+
+
+@functools.lru_cache(maxsize=CONTEXT_TEMPLATES)
+def _context_dkt(wsc: str, uri: str, length: int) -> etree._Element:
+    """The DerivedKeyToken a context's messages send, but for its wsu:Id and Nonce: built once per context (and
+    SCT reference) and copied per message, where building the reference too cost a copy and an insert more.
+    (Keyed by strings: a Version's hash is its sixteen fields'.)"""
+    el = _dkt_template(wsc, length, 0, None, None).__copy__()
+    ref = _sct_reference_template(BY_WSC[wsc].sct_token_type).__copy__()
+    ref[0].set("URI", uri)
+    el.insert(0, ref)
+    return el
 
 
 def message_keys(ctx: Context, *, local_id: str | None = None, length: int = DEFAULT_DK_LENGTH) -> MessageKeys:
