@@ -278,6 +278,8 @@ def test_dkt_label_and_algorithm() -> None:
         ("", "", "InvalidSecurity"),  # no Nonce
         (nonce_xml(b"short"), "", "InvalidSecurity"),
         ("<wsc:Nonce>not base64!</wsc:Nonce>", "", "InvalidSecurity"),
+        ("<wsc:Nonce>QUJDREVGR0hJSktMTU5PUA\u00c4=</wsc:Nonce>", "", "InvalidSecurity"),  # beyond ASCII: a fault
+        ("<wsc:Nonce>=QUJDREVGR0hJSktMTU5PUA=</wsc:Nonce>", "", "InvalidSecurity"),  # padding first
         (f"<wsc:Length>8</wsc:Length>{nonce_xml()}", "", "InvalidSecurity"),
         (f"<wsc:Length>65</wsc:Length>{nonce_xml()}", "", "InvalidSecurity"),
         (f"<wsc:Length>32</wsc:Length><wsc:Length>16</wsc:Length>{nonce_xml()}", "", "InvalidSecurity"),
@@ -296,6 +298,17 @@ def test_dkt_label_and_algorithm() -> None:
 def test_dkt_refusals(params: str, attrs: str, code: str) -> None:
     with refused(code, ns.WSSE):
         sc.derive(dkt_xml(WSC_1_3, params, attrs=attrs), fixed(context_for(WSC_1_3)))
+
+
+def test_dkt_reference_split_by_a_comment_reads_alike() -> None:
+    """A comment beside the Reference changes nothing; a comment where the Reference should be names nothing."""
+    reference = f'<wsse:Reference URI="urn:uuid:ctx" ValueType="{WSC_1_3.sct_token_type}"/>'
+    for spelled in (f"<!--a-->{reference}", f"{reference}<!--b-->", f"<?pi x?>{reference}"):
+        got = sc.derive(dkt_xml(WSC_1_3, nonce_xml(), reference=spelled), fixed(context_for(WSC_1_3)))
+        assert got.key == sc.p_sha1(SECRET, sc.DEFAULT_LABEL + NONCE, 32)
+    for spelled in ("<!--a-->", "<?pi x?>", f"{reference}{reference}"):
+        with refused("UnknownDerivationSource", WSC_1_3.wsc):
+            sc.derive(dkt_xml(WSC_1_3, nonce_xml(), reference=spelled), fixed(context_for(WSC_1_3)))
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)

@@ -273,9 +273,9 @@ def integer_of(el: etree._Element, fail: Fail) -> int:
 
 
 def base64_of(el: etree._Element, fail: Fail) -> bytes:
-    try:
-        return base64.b64decode("".join(text_of(el, fail).split()), validate=True)
-    except binascii.Error:
+    try:  # strict: what b64decode(validate=True) refuses, without its Python-level checks
+        return binascii.a2b_base64("".join(text_of(el, fail).split()), strict_mode=True)
+    except ValueError:  # binascii.Error, and any character outside ASCII
         raise fail(f"{etree.QName(el).localname} is not base64") from None
 
 
@@ -363,18 +363,19 @@ def parse_sct_ref(str_el: etree._Element, version: Version, fail: Fail) -> SctRe
     type) or Reference URI=<Identifier> with ValueType the SCT token type. Anything else is `fail`."""
     if str_el.tag != _STR:
         raise fail(f"expected a SecurityTokenReference, got {str(str_el.tag)[:120]}")
-    forms = child_elements(str_el)
+    # A lone child needs no filtering (a comment or PI alone is no Reference either).
+    forms = [str_el[0]] if len(str_el) == 1 else child_elements(str_el)
     if len(forms) != 1 or forms[0].tag != _REFERENCE:
         raise fail("the reference is not a single wsse:Reference")
     uri = forms[0].get("URI") or ""
     value_type = forms[0].get("ValueType")
     if uri.startswith("#"):
-        if not _LOCAL_ID.fullmatch(uri[1:]) or value_type not in (None, version.sct_token_type):
+        if not _LOCAL_ID.fullmatch(uri, 1) or value_type not in (None, version.sct_token_type):
             raise fail(f"reference {uri[:80]!r} (ValueType {str(value_type)[:120]!r}) names no {version.name} SCT")
-        return SctRef(version, local_id=uri[1:])
+        return SctRef(version, uri[1:], None)
     if value_type != version.sct_token_type or not uri or len(uri) > MAX_IDENTIFIER:
         raise fail(f"reference {uri[:80]!r} (ValueType {str(value_type)[:120]!r}) names no {version.name} SCT")
-    return SctRef(version, identifier=uri)
+    return SctRef(version, None, uri)
 
 
 def resolve_identifier(ref: SctRef, local: Mapping[str, Sct] | None, code: str) -> str:
@@ -479,9 +480,10 @@ def _dkt_children(wsc: str) -> tuple[frozenset[str], tuple[str, ...]]:
 def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     """Read a wsc:DerivedKeyToken. InvalidSecurity if malformed, UnsupportedAlgorithm for an Algorithm other
     than the version's P_SHA1, UnknownDerivationSource when it does not reference an SCT."""
-    version = _DKT_VERSIONS.get(el.tag) if isinstance(el.tag, str) else None
+    tag = el.tag  # lxml makes the string anew at each access
+    version = _DKT_VERSIONS.get(tag) if isinstance(tag, str) else None
     if version is None:
-        raise _invalid_security(f"not a DerivedKeyToken: {str(el.tag)[:120]}")
+        raise _invalid_security(f"not a DerivedKeyToken: {str(tag)[:120]}")
     algorithm = el.get("Algorithm")
     if algorithm not in (None, version.p_sha1):
         raise faults.security("UnsupportedAlgorithm", f"key derivation algorithm {algorithm[:120]!r}")
