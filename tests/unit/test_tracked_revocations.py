@@ -5,6 +5,7 @@ under many contexts, and a Redis that cannot answer still refuses."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -70,14 +71,14 @@ def url(redis_server: str) -> str:
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[tuple[list[object], str]]:
+def own_redis(tmp_path: Path) -> Iterator[tuple[list[subprocess.Popen[bytes]], str]]:
     """A Redis of this test's own, to stop and start again: ([its process], url)."""
     (tmp_path / "one").mkdir()
     proc, url = start_redis(tmp_path / "one")
-    procs: list[object] = [proc]
+    procs = [proc]
     yield procs, url
     for p in procs:
-        stop(p)  # type: ignore[arg-type]
+        stop(p)
 
 
 def test_cancelled_context_through_another_replica_is_refused_at_once(master_keys: Path, url: str) -> None:
@@ -122,25 +123,28 @@ def test_contexts_after_the_epoch_key_expired_are_refused(master_keys: Path, url
     assert _refused(store, ctx.identifier)
 
 
-def test_contexts_after_a_redis_restart_are_refused(master_keys: Path, own_redis: tuple[list[object], str],
-                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_contexts_after_a_redis_restart_are_refused(
+    master_keys: Path, own_redis: tuple[list[subprocess.Popen[bytes]], str], tmp_path: Path
+) -> None:
     """Pushes sent while the connection was down are lost; the restarted Redis has forgotten the cancellations."""
     procs, url = own_redis
     a, b = _store(master_keys, url), _store(master_keys, url)
     ctx = a.issue(SECRET, "CN=client", V, _now())
     assert b.lookup(ctx.identifier, V, _now()) == ctx
-    stop(procs.pop())  # type: ignore[arg-type]
+    stop(procs.pop())
     procs.append(redis_again(url, tmp_path / "two"))
     assert _refused(b, ctx.identifier)
     assert _refused(a, ctx.identifier)
 
 
-def test_redis_down_refuses_known_contexts(master_keys: Path, own_redis: tuple[list[object], str]) -> None:
+def test_redis_down_refuses_known_contexts(
+    master_keys: Path, own_redis: tuple[list[subprocess.Popen[bytes]], str]
+) -> None:
     procs, url = own_redis
     store = _store(master_keys, url)
     ctx = store.issue(SECRET, "CN=client", V, _now())
     assert store.lookup(ctx.identifier, V, _now()) == ctx  # kept
-    stop(procs.pop())  # type: ignore[arg-type]
+    stop(procs.pop())
     time.sleep(0.05)
     with pytest.raises(faults.Fault) as refused:
         store.lookup(ctx.identifier, V, _now())
@@ -152,7 +156,8 @@ def test_many_contexts_keep_bounded_memory_and_cancellations_still_count(master_
     contexts = [a.issue(SECRET, "CN=client", V, _now()) for _ in range(40)]
     for ctx in contexts:
         assert b.lookup(ctx.identifier, V, _now()) == ctx
-    tracked = b.revocations._tracked  # type: ignore[attr-defined]
+    assert isinstance(b.revocations, context_store.RedisRevocations)
+    tracked = b.revocations._tracked
     assert len(tracked) <= 8
     for ctx in contexts[::3]:  # kept and long forgotten alike
         a.cancel(ctx.identifier, V, _now())
