@@ -76,9 +76,14 @@ class TrackedKeys(Generic[T]):
             if kept and self._arrived.poll(0):
                 self._take_pushes()
             now = time.monotonic()
-            entries = [kept.get(key) for key in keys]
-            if all(entry is not None and entry[1] > now for entry in entries):
-                return [entry[0] for entry in entries]  # type: ignore[index]
+            out: list[T] = []
+            for key in keys:
+                entry = kept.get(key)
+                if entry is None or entry[1] <= now:
+                    break
+                out.append(entry[0])
+            else:
+                return out
             conn = self._conn
             try:
                 conn.send_command("MGET", *keys)
