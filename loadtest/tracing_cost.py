@@ -115,7 +115,8 @@ def _window(pids: dict[str, int], dumps: Path, action: Callable[[], object]) -> 
     seconds = time.monotonic() - started
     for pid in pids.values():
         _callgrind("-d", str(pid))
-    newest = {name: max(dumps.glob(f"{name}.{pid}.*"), key=lambda p: p.stat().st_mtime) for name, pid in pids.items()}
+    # By pid alone: `pids` may name two gateways' processes of one name (loadtest/outbound_cost.py).
+    newest = {name: max(dumps.glob(f"*.{pid}.*"), key=lambda p: p.stat().st_mtime) for name, pid in pids.items()}
     return {name: _instructions(dump) for name, dump in newest.items()}, seconds
 
 

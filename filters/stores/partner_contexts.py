@@ -8,37 +8,24 @@ Redis each worker keeps its own.
 
 Each call reads the context, and a cancel or a renewal by another replica must be seen at the next call, but a
 GET per call is a round trip and most of a SecureConversation call's cost over hmac's (docs/outbound.md). So
-the context is read through a connection Redis keeps informed (`TrackedKey`: CLIENT TRACKING, RESP3, Redis >=
-6): the worker keeps what it read, and Redis pushes an invalidation on that same connection when any client
-writes, deletes or expires the key; each read first takes in what was pushed. redis-py's own client-side cache
-does this but insists on Redis 7.4, and CI's Debian has 7.0."""
+the context is read through a connection Redis keeps informed (filters/stores/tracked.py): the worker keeps what
+it read until Redis pushes that the key changed."""
 
 from __future__ import annotations
 
 import os
-import select
-import threading
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Generic, TypeVar
 
-import redis
 import requests
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from filters.engine import turn
 from filters.engine.profiles import Post
 from filters.engine.wss.secure_conversation import Context
 from filters.stores.contexts import _pack, _redis_client, _redis_errors, _ttl_ms, _unpack
+from filters.stores.tracked import TrackedKeys
 from gateway.policy import Route
 
 STS_TIMEOUT_S = 2.0
-# A value read through a tracked connection is read again after this long whatever was pushed: the bound on
-# what a connection that died without a word (no FIN, no RST; its invalidations lost) could keep using.
-TRACKED_MAX_AGE_S = 1.0
-T = TypeVar("T")
 
 
 class MemoryPartnerContexts:
@@ -66,72 +53,6 @@ class MemoryPartnerContexts:
         return ctx
 
 
-class TrackedKey(Generic[T]):
-    """One key's value, read through a RESP3 connection with CLIENT TRACKING on: kept until Redis pushes that
-    the key changed (any client's write, delete, expiry, or a flush), the connection drops, or `max_age_s`
-    passed. Reading it once more then is a GET. `decode` turns the bytes (or None) into what is kept."""
-
-    _value: T  # what was read last; used while _until is ahead
-
-    def __init__(self, url: str, key: str, decode: Callable[[bytes | None], T], timeout_s: float,
-                 max_age_s: float = TRACKED_MAX_AGE_S) -> None:  # fmt: skip
-        pool = redis.ConnectionPool.from_url(url, protocol=3, socket_timeout=timeout_s,
-                                             socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0))  # fmt: skip
-        self.key, self._decode, self._max_age_s = key, decode, max_age_s
-        self._conn = pool.make_connection()
-        self._conn.register_connect_callback(self._on_connect)
-        self._lock = threading.Lock()  # one command at a time on the connection
-        self._until = 0.0  # monotonic time the kept value may be used until; 0: nothing kept
-        self._arrived = select.poll()  # the connection's socket: readable when something was pushed (or it ended)
-
-    def _on_connect(self, conn: redis.connection.AbstractConnection) -> None:
-        # A new connection: whatever was pushed to the old one is lost, so nothing kept is trusted.
-        self._until = 0.0
-        conn.send_command("CLIENT", "TRACKING", "ON")
-        if conn.read_response() != b"OK":
-            raise redis.ConnectionError("CLIENT TRACKING refused")
-        conn._parser.set_invalidation_push_handler(self._invalidated)  # as redis-py's own cache does
-        self._arrived = select.poll()
-        self._arrived.register(conn._sock, select.POLLIN)
-
-    def _invalidated(self, _push: object) -> None:
-        self._until = 0.0  # one key is tracked on this connection: any push is about it (or a flush)
-
-    def get(self) -> T:
-        with self._lock:
-            # One poll(2) while nothing arrived: the parser's buffer is empty after every read (_take_pushes).
-            if self._until and self._arrived.poll(0):
-                self._take_pushes()
-            if self._until > time.monotonic():
-                return self._value
-            conn = self._conn
-            try:
-                conn.send_command("GET", self.key)
-                data = conn.read_response()
-            except redis.RedisError:
-                conn.disconnect()
-                self._until = 0.0
-                raise
-            self._value = self._decode(data)
-            self._until = time.monotonic() + self._max_age_s
-            self._take_pushes()  # any that came with the reply: about a change after it
-            return self._value
-
-    def _take_pushes(self) -> None:
-        """Read what was pushed (the handler forgets the value) up to the last byte received."""
-        conn = self._conn
-        try:
-            while conn.can_read(0):
-                conn.read_response(push_request=True)
-        except (redis.ConnectionError, redis.TimeoutError):  # closed (a restart?): pushes lost, read afresh
-            conn.disconnect()
-            self._until = 0.0
-
-    def forget(self) -> None:
-        """Read the key again next time (this process changed it)."""
-        self._until = 0.0
-
-
 class RedisPartnerContexts:
     """The identifier is stored beside the packed context (`_pack` leaves it out: the inbound store keys by it)."""
 
@@ -140,16 +61,17 @@ class RedisPartnerContexts:
         self.lock_key = f"wsgate:outbound-sct-issuing:{route}"
         self.token = f"{os.getpid()}".encode()
         self._client = _redis_client(url, timeout_s)
-        self._current = TrackedKey(url, self.key, lambda data: decode_context(data) if data else None, timeout_s)
+        self._name = self.key.encode()
+        self._current = TrackedKeys(url, (self._name,), _decode_kept, timeout_s, max_keys=1)
 
     def get(self) -> Context | None:
         with _redis_errors():
-            return self._current.get()
+            return self._current.get((self._name,))[0]
 
     def put(self, ctx: Context) -> None:
         with _redis_errors():
             self._client.set(self.key, encode_context(ctx), px=_ttl_ms(ctx.expires, datetime.now(UTC)))
-        self._current.forget()
+        self._current.forget(self._name)
 
     def lock(self, ttl_s: float) -> bool:
         with _redis_errors():
@@ -163,8 +85,12 @@ class RedisPartnerContexts:
     def take(self) -> Context | None:
         with _redis_errors():
             data = self._client.getdel(self.key)
-        self._current.forget()
+        self._current.forget(self._name)
         return decode_context(data) if data else None
+
+
+def _decode_kept(data: bytes | None) -> Context | None:
+    return decode_context(data) if data else None
 
 
 def encode_context(ctx: Context) -> bytes:

@@ -225,6 +225,26 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
+def redis_again(url: str, tmp: Path) -> subprocess.Popen[bytes]:
+    """redis-server started again, empty, on the port of the stopped one at `url` (clients reconnect to it)."""
+    tmp.mkdir()
+    binary = shutil.which("redis-server")
+    assert binary
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    proc = subprocess.Popen([binary, "--port", str(port), "--dir", str(tmp), *REDIS_FLAGS],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    probe = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            probe.ping()
+            return proc
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    stop(proc)
+    raise AssertionError("redis-server did not start again")
+
+
 class LoopbackHttp:
     """A real HTTP server on a loopback port for tests: `answer(body) -> (content type, body)` serves every GET
     and POST with 200; `paths` records each request's path (proof of what was, or was not, fetched). A subclass

@@ -3,8 +3,6 @@ another replica's renewal or cancel at its next call (CLIENT TRACKING invalidati
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -14,8 +12,9 @@ import pytest
 import redis
 
 from filters.engine.wss.secure_conversation import WSC_1_3, Context
-from filters.stores.partner_contexts import RedisPartnerContexts, TrackedKey
-from tests.support.harness import REDIS_FLAGS, start_redis, stop
+from filters.stores.partner_contexts import RedisPartnerContexts
+from filters.stores.tracked import TrackedKeys
+from tests.support.harness import redis_again, start_redis, stop
 
 # A push travels from Redis to the reader as the writer's reply travels to the writer: on a loaded machine the
 # reader may take it in a moment after the writer returns. Far less than TRACKED_MAX_AGE_S, so only the push
@@ -40,9 +39,10 @@ def _soon(read: Callable[[], object], expected: object) -> object:
     return got
 
 
-def _gets(url: str) -> int:
+def _reads(url: str) -> int:
+    """GETs and MGETs Redis has answered."""
     stats = redis.Redis.from_url(url).info("commandstats")
-    return int(stats.get("cmdstat_get", {}).get("calls", 0))
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("get", "mget"))
 
 
 @pytest.fixture
@@ -85,12 +85,12 @@ def test_unchanged_partner_context_is_read_from_redis_once(url: str) -> None:
     ctx = _context("kept")
     a.put(ctx)
     assert _soon(b.get, ctx) == ctx
-    before = _gets(url)
+    before = _reads(url)
     assert all(b.get() == ctx for _ in range(50))
-    assert _gets(url) == before  # kept: no GET while nothing changed
+    assert _reads(url) == before  # kept: no read while nothing changed
     a.put(_context("renewed"))
     assert _soon(b.get, _context("renewed")) == _context("renewed")
-    assert _gets(url) > before  # read again once Redis said it changed
+    assert _reads(url) > before  # read again once Redis said it changed
 
 
 def test_stale_partner_context_after_a_redis_restart_is_not_used(tmp_path: Path) -> None:
@@ -98,35 +98,15 @@ def test_stale_partner_context_after_a_redis_restart_is_not_used(tmp_path: Path)
     (tmp_path / "one").mkdir()
     proc, url = start_redis(tmp_path / "one")
     try:
-        reader = TrackedKey(url, "k", lambda data: data, timeout_s=1.0, max_age_s=3600)
+        reader = TrackedKeys(url, (b"k",), lambda data: data, timeout_s=1.0, max_keys=1, max_age_s=3600)
         writer = redis.Redis.from_url(url)
         writer.set("k", b"old")
-        assert reader.get() == b"old"
+        assert reader.get((b"k",)) == [b"old"]
     finally:
         stop(proc)
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
-    proc = _redis_on(port, tmp_path / "two")
+    proc = redis_again(url, tmp_path / "two")
     try:
         redis.Redis.from_url(url).set("k", b"new")  # written while the reader's connection was gone
-        assert reader.get() == b"new"
+        assert reader.get((b"k",)) == [b"new"]
     finally:
         stop(proc)
-
-
-def _redis_on(port: int, tmp: Path) -> subprocess.Popen[bytes]:
-    """redis-server again on the port the stopped one had."""
-    tmp.mkdir()
-    binary = shutil.which("redis-server")
-    assert binary
-    proc = subprocess.Popen([binary, "--port", str(port), "--dir", str(tmp), *REDIS_FLAGS],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    probe = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            probe.ping()
-            return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    stop(proc)
-    raise AssertionError("redis-server did not start again")

@@ -97,6 +97,7 @@ MIN_DK_NONCE_BYTES = 8  # no nonce (or a tiny one) would give every message of a
 MIN_DK_LENGTH, MAX_DK_LENGTH = 16, 64
 MAX_DK_OUTPUT = 4096  # offset + length: bounds the P_SHA1 work one token can ask for
 MAX_IDENTIFIER = 4096
+CONTEXT_TEMPLATES = 128  # contexts whose DerivedKeyToken is kept built (each at most MAX_IDENTIFIER characters more)
 MAX_CONTEXT_ATTRIBUTE = 1024
 # How long an expired context is still recognised (memory, redis), so its client hears RenewNeeded rather than
 # BadContextToken; sealed identifiers are recognised for ever.
@@ -272,9 +273,9 @@ def integer_of(el: etree._Element, fail: Fail) -> int:
 
 
 def base64_of(el: etree._Element, fail: Fail) -> bytes:
-    try:
-        return base64.b64decode("".join(text_of(el, fail).split()), validate=True)
-    except binascii.Error:
+    try:  # strict: what b64decode(validate=True) refuses, without its Python-level checks
+        return binascii.a2b_base64("".join(text_of(el, fail).split()), strict_mode=True)
+    except ValueError:  # binascii.Error, and any character outside ASCII
         raise fail(f"{etree.QName(el).localname} is not base64") from None
 
 
@@ -362,18 +363,19 @@ def parse_sct_ref(str_el: etree._Element, version: Version, fail: Fail) -> SctRe
     type) or Reference URI=<Identifier> with ValueType the SCT token type. Anything else is `fail`."""
     if str_el.tag != _STR:
         raise fail(f"expected a SecurityTokenReference, got {str(str_el.tag)[:120]}")
-    forms = child_elements(str_el)
+    # A lone child needs no filtering (a comment or PI alone is no Reference either).
+    forms = [str_el[0]] if len(str_el) == 1 else child_elements(str_el)
     if len(forms) != 1 or forms[0].tag != _REFERENCE:
         raise fail("the reference is not a single wsse:Reference")
     uri = forms[0].get("URI") or ""
     value_type = forms[0].get("ValueType")
     if uri.startswith("#"):
-        if not _LOCAL_ID.fullmatch(uri[1:]) or value_type not in (None, version.sct_token_type):
+        if not _LOCAL_ID.fullmatch(uri, 1) or value_type not in (None, version.sct_token_type):
             raise fail(f"reference {uri[:80]!r} (ValueType {str(value_type)[:120]!r}) names no {version.name} SCT")
-        return SctRef(version, local_id=uri[1:])
+        return SctRef(version, uri[1:], None)
     if value_type != version.sct_token_type or not uri or len(uri) > MAX_IDENTIFIER:
         raise fail(f"reference {uri[:80]!r} (ValueType {str(value_type)[:120]!r}) names no {version.name} SCT")
-    return SctRef(version, identifier=uri)
+    return SctRef(version, None, uri)
 
 
 def resolve_identifier(ref: SctRef, local: Mapping[str, Sct] | None, code: str) -> str:
@@ -478,9 +480,10 @@ def _dkt_children(wsc: str) -> tuple[frozenset[str], tuple[str, ...]]:
 def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     """Read a wsc:DerivedKeyToken. InvalidSecurity if malformed, UnsupportedAlgorithm for an Algorithm other
     than the version's P_SHA1, UnknownDerivationSource when it does not reference an SCT."""
-    version = _DKT_VERSIONS.get(el.tag) if isinstance(el.tag, str) else None
+    tag = el.tag  # lxml makes the string anew at each access
+    version = _DKT_VERSIONS.get(tag) if isinstance(tag, str) else None
     if version is None:
-        raise _invalid_security(f"not a DerivedKeyToken: {str(el.tag)[:120]}")
+        raise _invalid_security(f"not a DerivedKeyToken: {str(tag)[:120]}")
     algorithm = el.get("Algorithm")
     if algorithm not in (None, version.p_sha1):
         raise faults.security("UnsupportedAlgorithm", f"key derivation algorithm {algorithm[:120]!r}")
@@ -573,15 +576,20 @@ def build_dkt(
     `secret` (as p_sha1 takes it). Reference it with keys.str_reference(result.id, version.dk_token_type)."""
     if generation is not None and offset:
         raise ValueError("Offset and Generation exclude each other")
+    el = _dkt_template(version.wsc, length, offset, generation, label).__copy__()  # lxml: a deep copy
+    el.insert(0, source)
+    start = offset if generation is None else generation * length
+    return _keyed(el, secret, DEFAULT_LABEL if label is None else label.encode(), nonce, start, length)
+
+
+def _keyed(el: etree._Element, secret: bytes | KeyedSha1, label: bytes, nonce: bytes | None, start: int,
+           length: int) -> DerivedKey:  # fmt: skip
+    """A copied DerivedKeyToken template given its wsu:Id and Nonce (its last child), and the key it derives."""
     nonce = os.urandom(DK_NONCE_BYTES) if nonce is None else nonce
     dk_id = new_id("DK")
-    el = _dkt_template(version.wsc, length, offset, generation, label).__copy__()  # lxml: a deep copy
     el.set(_WSU_ID, dk_id)
-    el.insert(0, source)
     el[-1].text = base64.b64encode(nonce).decode()
-    start = offset if generation is None else generation * length
-    seed = (DEFAULT_LABEL if label is None else label.encode()) + nonce
-    return DerivedKey(el, dk_id, p_sha1(secret, seed, start + length)[start:])
+    return DerivedKey(el, dk_id, p_sha1(secret, label + nonce, start + length)[start:])
 
 
 @functools.lru_cache(maxsize=32)
@@ -608,8 +616,20 @@ class MessageKeys:
 def context_key(ctx: Context, *, local_id: str | None = None, length: int = DEFAULT_DK_LENGTH) -> DerivedKey:
     """A DerivedKeyToken for a message in `ctx`, with a fresh nonce, and its key. It references the SCT by
     Identifier, or by `local_id` when the message carries the SCT in its header."""
-    ref = sct_reference(ctx.version, identifier=None if local_id else ctx.identifier, local_id=local_id)
-    return build_dkt(ctx.version, ref, ctx.prf, length=length)
+    el = _context_dkt(ctx.version.wsc, ctx.identifier if local_id is None else f"#{local_id}", length).__copy__()
+    return _keyed(el, ctx.prf, DEFAULT_LABEL, None, 0, length)
+
+
+@functools.lru_cache(maxsize=CONTEXT_TEMPLATES)
+def _context_dkt(wsc: str, uri: str, length: int) -> etree._Element:
+    """The DerivedKeyToken a context's messages send, but for its wsu:Id and Nonce: built once per context (and
+    SCT reference) and copied per message, where building the reference too cost a copy and an insert more.
+    (Keyed by strings: a Version's hash is its sixteen fields'.)"""
+    el = _dkt_template(wsc, length, 0, None, None).__copy__()
+    ref = _sct_reference_template(BY_WSC[wsc].sct_token_type).__copy__()
+    ref[0].set("URI", uri)
+    el.insert(0, ref)
+    return el
 
 
 def message_keys(ctx: Context, *, local_id: str | None = None, length: int = DEFAULT_DK_LENGTH) -> MessageKeys:
