@@ -12,6 +12,7 @@ from filters.engine import faults
 from filters.engine.engine import Exchange, RoutePipeline
 from filters.engine.mime import package as mime
 from filters.engine.mime import xop
+from filters.engine.xml import xmlsupport
 from gateway.policy import Attachments, Route
 from tests.support import mime as build
 
@@ -159,3 +160,16 @@ def test_cid_url_hidden_by_spelling_is_found_as_xpath_reads_it(body: str) -> Non
     expected = sorted((v if isinstance(v, str) else "".join(v.itertext())).strip() for v in _CID_XPATH(root))
     assert sorted(xop.cid_urls(root)) == expected
     assert "cid:r@t" in expected
+
+
+@pytest.mark.parametrize("strip_cdata", [True, False])
+@pytest.mark.parametrize("split", ["<!---->", "<?pi?>", "<![CDATA[]]>"])
+def test_cid_url_split_anywhere_is_found_as_xpath_reads_it(split: str, strip_cdata: bool) -> None:
+    """Leaf texts are read one by one only where a text node starts as a URL's colon could: a URL split at any
+    point (before its colon, in "cid", in the leading space) is still found."""
+    url = " \r\n\tCiD:x@t "
+    for at in range(len(url) + 1):
+        for second in range(at, len(url) + 1):
+            text = url[:at] + split + url[at:second] + split + url[second:]
+            root = etree.fromstring(f"<r><a>{text}</a><b>ci</b></r>", xmlsupport.parser(strip_cdata=strip_cdata))
+            assert xop.cid_urls(root) == ["CiD:x@t"], text
