@@ -173,3 +173,11 @@ def test_cid_url_split_anywhere_is_found_as_xpath_reads_it(split: str, strip_cda
             text = url[:at] + split + url[at:second] + split + url[second:]
             root = etree.fromstring(f"<r><a>{text}</a><b>ci</b></r>", xmlsupport.parser(strip_cdata=strip_cdata))
             assert xop.cid_urls(root) == ["CiD:x@t"], text
+
+
+def test_quoted_parameter_values_are_unquoted_once() -> None:
+    parsed = mime.media_type('Multipart/Related; a="x\\"y\\\\z"; B=tok; c=""; d="\\\\\\""', "message")
+    assert parsed == ("multipart/related", {"a": 'x"y\\z', "b": "tok", "c": "", "d": '\\"'})
+    for broken in ('a/b; c="x', 'a/b; c="x\\"', 'a/b; c="x"y"'):
+        with pytest.raises(faults.Fault, match="parameters do not parse"):
+            mime.media_type(broken, "message")

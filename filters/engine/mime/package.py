@@ -14,10 +14,10 @@ Content-IDs are kept without their angle brackets; `cid:` URLs (RFC 2392) are pe
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from filters.engine import faults
 
@@ -26,9 +26,13 @@ CRLF = b"\r\n"
 _BOUNDARY = re.compile(r"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _MEDIA_TYPE = re.compile(rf"[ \t]*({_TOKEN})/({_TOKEN})[ \t]*")
-_PARAMETER = re.compile(rf";[ \t]*({_TOKEN})[ \t]*=[ \t]*({_TOKEN}|\"(?:[^\"\\\r\n]|\\[^\r\n])*\")[ \t]*")
+_QUOTED = r'"[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*"'  # a quoted-string, its quoted pairs (one loop: sre backtracks less)
+_PARAMETER = re.compile(rf";[ \t]*({_TOKEN})[ \t]*=[ \t]*({_TOKEN}|{_QUOTED})[ \t]*")
+_QUOTED_PAIR = re.compile(r"\\(.)")
 _HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_NOT_HEADER_TEXT = re.compile(rb"[^\t\x20-\x7e]")  # a control character (but tab) or a non-ASCII byte
+# A part's header block: unfolded lines of a name, a colon and printable ASCII (or tab), each ended by CRLF.
+_HEADER_BLOCK = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r\n)*")
+_HEADER_FIELD = re.compile(r"([^:]+):(.*)\r\n")  # one line of a block _HEADER_BLOCK matched
 # msg-id as senders write it: no spaces, no brackets, no quotes, no '%' (a cid: URL's escape character: an id
 # holding one could be named by two URLs).
 _CONTENT_ID = re.compile(r"<([!#$&'*+\-./0-9:=?@A-Z^_`a-z{|}~]{1,250})>")
@@ -53,12 +57,11 @@ def refused(reason: str) -> faults.Fault:
     return faults.client(f"mime: {reason}")
 
 
-@dataclass(frozen=True)
-class MediaType:
+class MediaType(NamedTuple):
     """A Content-Type value: `type/subtype` lowercased, its parameters (names lowercased, values unquoted)."""
 
     essence: str
-    params: dict[str, str] = field(hash=False)
+    params: dict[str, str]
 
 
 def media_type(value: str, what: str) -> MediaType:
@@ -74,7 +77,11 @@ def media_type(value: str, what: str) -> MediaType:
         name, raw = p[1].lower(), p[2]
         if name in params:
             raise refused(f"{what} content type repeats parameter {name}")
-        params[name] = re.sub(r"\\(.)", r"\1", raw[1:-1]) if raw.startswith('"') else raw
+        if raw.startswith('"'):
+            raw = raw[1:-1]
+            if "\\" in raw:
+                raw = _QUOTED_PAIR.sub(r"\1", raw)
+        params[name] = raw
         at = p.end()
     return MediaType(f"{m[1]}/{m[2]}".lower(), params)
 
@@ -107,10 +114,6 @@ class Package:
     start: str | None  # the start parameter's Content-ID, without brackets
     boundary: str
     content_type: str  # the outer Content-Type header as received
-
-    @cached_property  # read by every check and profile: parsed once
-    def media(self) -> MediaType:
-        return media_type(self.content_type, "message")
 
     @property
     def parts(self) -> Iterator[Part]:
@@ -161,13 +164,12 @@ def parse(content_type_header: str, body: bytes | memoryview, limits: Limits) ->
     _check_root(root, root_type, outer)
     for p in rest:
         _check_attachment(p, limits)
-    package = Package(root, tuple(rest), start, boundary, content_type_header)
-    package.__dict__["media"] = outer  # `media`'s cached value: the header is parsed once
-    return package
+    return Package(root, tuple(rest), start, boundary, content_type_header)
 
 
 _LINE_ENDS = re.compile(rb"[\r\n]*")
-_SEARCH_WINDOW = 64 * 1024  # the delimiter search's window (`_split`)
+_SEARCH_WINDOW = 64 * 1024  # the delimiter search's window (`_split`), from a first one that most parts end in
+_FIRST_WINDOW = 4 * 1024
 
 
 def _split(body: memoryview, boundary: bytes, limits: Limits) -> list[memoryview]:
@@ -184,10 +186,13 @@ def _split(body: memoryview, boundary: bytes, limits: Limits) -> list[memoryview
         return body[pos : pos + len(what)] == what
 
     def find(pos: int) -> int:
-        for start in range(pos, len(body), _SEARCH_WINDOW):
-            i = body[start : start + _SEARCH_WINDOW + overlap].tobytes().find(dash)
+        window = _FIRST_WINDOW
+        while pos < len(body):
+            i = body[pos : pos + window + overlap].tobytes().find(dash)
             if i != -1:
-                return start + i
+                return pos + i
+            pos += window
+            window = min(2 * window, _SEARCH_WINDOW)
         return -1
 
     first = 0
@@ -232,25 +237,12 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
     if end > limits.max_part_header_bytes:
         raise refused(f"part headers longer than {limits.max_part_header_bytes} bytes")
     block = raw[:end]
-    unbroken = block.replace(CRLF, b"")
-    if b"\n" in unbroken or b"\r" in unbroken:
-        raise refused("bare CR or LF in part headers")
-    headers: list[tuple[str, str]] = []
-    names: set[str] = set()
-    for line in block.split(CRLF)[:-1]:
-        if line[:1] in (b" ", b"\t"):
-            raise refused("folded part header")
-        name, colon, value = line.partition(b":")
-        if not colon or not _HEADER_NAME.fullmatch(name):
-            raise refused("malformed part header")
-        if _NOT_HEADER_TEXT.search(value):
-            raise refused("non-ASCII or control character in a part header")
-        key = name.decode("ascii").lower()
-        if key in names:
-            raise refused(f"part header {key[:40]} repeated")
-        names.add(key)
-        headers.append((name.decode("ascii"), value.decode("ascii").strip(" \t")))
-    found = dict((n.lower(), v) for n, v in headers)
+    if not _HEADER_BLOCK.fullmatch(block):
+        raise refused(_header_fault(block))
+    headers = [(n, v.strip(" \t")) for n, v in _HEADER_FIELD.findall(block.decode("ascii"))]
+    found = {n.lower(): v for n, v in headers}
+    if len(found) < len(headers):
+        raise refused(f"part header {_repeated(n.lower() for n, _ in headers)[:40]} repeated")
     content_id = None
     if "content-id" in found:
         m = _CONTENT_ID.fullmatch(found["content-id"])
@@ -262,6 +254,28 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
     if "content-location" in found:  # a second way to name a part (RFC 2557), which no check here resolves
         raise refused("part with a Content-Location")
     return Part(tuple(headers), content_id, found["content-type"], chunk[end + 2 :], chunk[:end])
+
+
+def _header_fault(block: bytes) -> str:
+    """Why `_HEADER_BLOCK` refused a part's header block, for the log."""
+    if b"\n" in block.replace(CRLF, b"") or b"\r" in block.replace(CRLF, b""):
+        return "bare CR or LF in part headers"
+    for line in block.split(CRLF)[:-1]:
+        if line[:1] in (b" ", b"\t"):
+            return "folded part header"
+        name, colon, _ = line.partition(b":")
+        if not colon or not _HEADER_NAME.fullmatch(name):
+            return "malformed part header"
+    return "non-ASCII or control character in a part header"
+
+
+def _repeated(names: Iterable[str]) -> str:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    raise AssertionError("no name repeated")
 
 
 def _check_root(root: Part, root_type: str, outer: MediaType) -> None:

@@ -48,7 +48,7 @@ def receive(content_type: str | None, body: bytes | memoryview, policy: Attachme
     if not policy.accept:
         raise mime.refused("multipart message on a route that takes no attachments")
     package = mime.parse(content_type, body, policy)
-    return Message(package, xop=package.media.params["type"].lower() == "application/xop+xml")
+    return Message(package, xop=package.root.media.essence == "application/xop+xml")  # the type parameter's (parse)
 
 
 def check(msg: Message, env: Envelope, policy: Attachments) -> None:
