@@ -181,3 +181,15 @@ def test_quoted_parameter_values_are_unquoted_once() -> None:
     for broken in ('a/b; c="x', 'a/b; c="x\\"', 'a/b; c="x"y"'):
         with pytest.raises(faults.Fault, match="parameters do not parse"):
             mime.media_type(broken, "message")
+
+
+@pytest.mark.parametrize("href", ["cid:cid%3Aa@test", "cid:cid:a@test", "cid:a%2540test", "cid:root@test%00"])
+def test_cid_url_decoded_once_names_no_other_part(href: str) -> None:
+    """A URL is decoded once and its Content-ID looked up as it is: one that decodes to another URL, or to an
+    id with an escape or a control character in it, names no part."""
+    ct, body = build.swa({"a@test": b"A"})
+    pkg = mime.parse(ct, body, LIMITS)
+    root = etree.fromstring(f'<r href="{href}"/>')
+    with pytest.raises(faults.Fault, match="reference to no part"):
+        xop.references(root, pkg)
+    assert xop.references(etree.fromstring('<r href=" CID:a%40test"/>'), pkg) == {"a@test"}

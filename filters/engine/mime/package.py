@@ -308,6 +308,7 @@ def _check_attachment(part: Part, limits: Limits) -> None:
 
 
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_ID_CHARACTERS = re.compile(r"[\x21-\x7e]*")  # printable ASCII: what a Content-ID (_CONTENT_ID) may hold
 
 
 def cid(url: str) -> str | None:
@@ -315,15 +316,19 @@ def cid(url: str) -> str | None:
     does not decode to a printable ASCII character (no Content-ID holds one)."""
     if url[:4].lower() != "cid:":
         return None
-    decoded = _ESCAPE.sub(lambda m: chr(int(m[1], 16)), url[4:])
-    return decoded if all(0x21 <= ord(c) <= 0x7E for c in decoded) else None
+    decoded = _ESCAPE.sub(lambda m: chr(int(m[1], 16)), url[4:]) if "%" in url else url[4:]
+    return decoded if _ID_CHARACTERS.fullmatch(decoded) else None
 
 
 def find(package: Package, url_or_id: str) -> Part | None:
     """The attachment a `cid:` URL (or a bare Content-ID) names; None if none does. The root is not an attachment:
-    a reference to it is the caller's to refuse (`cid_of_root`)."""
-    wanted = cid(url_or_id) if url_or_id[:4].lower() == "cid:" else url_or_id
-    return next((p for p in package.attachments if p.content_id == wanted), None)
+    a reference to it is the caller's to refuse (`names_root`)."""
+    return attachment(package, cid(url_or_id) if url_or_id[:4].lower() == "cid:" else url_or_id)
+
+
+def attachment(package: Package, content_id: str | None) -> Part | None:
+    """The attachment with this Content-ID (None: none has it)."""
+    return next((p for p in package.attachments if p.content_id == content_id), None) if content_id else None
 
 
 def names_root(package: Package, url_or_id: str) -> bool:

@@ -64,10 +64,11 @@ def references(root: etree._Element, package: mime.Package) -> set[str]:
     """The Content-IDs of the attachments the root part names. A `cid:` URL that names no attachment, or the root
     part itself, is refused: a reader could resolve it to something the gateway never checked."""
     named: set[str] = set()
-    for url in cid_urls(root):
-        if mime.names_root(package, url):
+    for url in cid_urls(root):  # each starts with "cid:", in some case
+        wanted = mime.cid(url)
+        if wanted is not None and wanted == package.root.content_id:
             raise mime.refused("cid: reference to the root part")
-        part = mime.find(package, url)
+        part = mime.attachment(package, wanted)
         if part is None or part.content_id is None:
             raise mime.refused("cid: reference to no part")
         named.add(part.content_id)
