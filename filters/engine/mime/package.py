@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from filters.engine import faults
@@ -93,10 +92,12 @@ class Part:
     content_type: str  # the Content-Type header's value as received
     body: memoryview | bytes  # the content, still in its transfer encoding
     raw_headers: memoryview | bytes | None = None  # the header block as received: serialized as it came
+    parsed_type: MediaType | None = field(default=None, compare=False)  # content_type as `parse` read it
 
-    @cached_property  # read by every check and profile: parsed once
+    @property
     def media(self) -> MediaType:
-        return media_type(self.content_type, "part")
+        """The Content-Type parsed: once, by `parse`, for the parts it read (read by every check and profile)."""
+        return self.parsed_type if self.parsed_type is not None else media_type(self.content_type, "part")
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -253,7 +254,10 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
         raise refused("part without a Content-Type")
     if "content-location" in found:  # a second way to name a part (RFC 2557), which no check here resolves
         raise refused("part with a Content-Location")
-    return Part(tuple(headers), content_id, found["content-type"], chunk[end + 2 :], chunk[:end])
+    content_type = found["content-type"]
+    return Part(
+        tuple(headers), content_id, content_type, chunk[end + 2 :], chunk[:end], media_type(content_type, "part")
+    )
 
 
 def _header_fault(block: bytes) -> str:
@@ -362,6 +366,6 @@ def with_content(part: Part, body: bytes | memoryview, set_headers: Mapping[str,
     """`part` with new content and `set_headers` replacing the headers of those names (or added); its header
     block is then rendered anew."""
     new = {n.lower(): (n, v) for n, v in (set_headers or {}).items()}
+    content_type = new.get("content-type", ("", part.content_type))[1]
     headers = tuple(new.pop(n.lower(), (n, v)) for n, v in part.headers) + tuple(new.values())
-    content_type = next((v for n, v in headers if n.lower() == "content-type"), part.content_type)
     return Part(headers, part.content_id, content_type, body, None)

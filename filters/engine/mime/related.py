@@ -89,7 +89,9 @@ def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mi
     slices received) and its Content-Type. `reserialized`: the pipeline changed the envelope (a secured
     profile)."""
     package = msg.package
-    rest = tuple(p for p in package.attachments if p.content_id not in msg.inlined)
+    rest = (
+        tuple(p for p in package.attachments if p.content_id not in msg.inlined) if msg.inlined else package.attachments
+    )
     if msg.inlined and not rest:  # nothing left to package: one SOAP envelope
         return env.serialize(), charset.content_type(msg.soap_type, "utf-8", env.version)
     if not (reserialized or msg.inlined or msg.stripped):
