@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from filters.engine import faults
@@ -85,14 +85,16 @@ def media_type(value: str, what: str) -> MediaType:
     return MediaType(f"{m[1]}/{m[2]}".lower(), params)
 
 
-@dataclass(frozen=True)
-class Part:
+class Part(NamedTuple):
+    """One part: its headers and content (a NamedTuple: made for every part of every message, ~4x cheaper than a
+    frozen dataclass)."""
+
     headers: tuple[tuple[str, str], ...]  # as received, in order (names as spelled, values without outer spaces)
     content_id: str | None  # without angle brackets
     content_type: str  # the Content-Type header's value as received
     body: memoryview | bytes  # the content, still in its transfer encoding
     raw_headers: memoryview | bytes | None = None  # the header block as received: serialized as it came
-    parsed_type: MediaType | None = field(default=None, compare=False)  # content_type as `parse` read it
+    parsed_type: MediaType | None = None  # content_type as `parse` read it
 
     @property
     def media(self) -> MediaType:
