@@ -21,13 +21,13 @@ INCLUDE = f"{{{XOP}}}Include"
 # walk of the elements ~30 us: their proxies).
 _URL_START = re.compile(r"[ \t\r\n]*[cC][iI][dD]:")
 _URL_FIRST = frozenset("cC \t\r\n")  # what such a value starts with: most fail on that before the regex
-_INCLUDES = etree.XPath("//xop:Include", namespaces={"xop": XOP})
 _ATTRIBUTE_VALUES = etree.XPath("//@*", smart_strings=False)
 _TEXT_NODES = etree.XPath("//text()", smart_strings=False)  # CDATA sections too; not comments nor PIs
 
 
 def includes(root: etree._Element) -> list[etree._Element]:
-    return list(_INCLUDES(root))
+    """The document's xop:Include elements (a tag-filtered walk in C: a third cheaper than the XPath)."""
+    return list(root.getroottree().iter(INCLUDE))
 
 
 def cid_urls(root: etree._Element) -> list[str]:
