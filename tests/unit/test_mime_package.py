@@ -109,7 +109,7 @@ def test_copy_of_a_lent_body_none_attachments_are_slices_of_it_and_segments_keep
     lent = _lent(body)
     pkg = mime.parse(ct, lent, LIMITS)
     assert all(isinstance(p.body, memoryview) and p.body.obj is lent.obj for p in pkg.parts)
-    segments = mime.segments(pkg)
+    segments = mime.segments(pkg.boundary, pkg.parts)
     assert b"".join(segments) == body == mime.serialize(pkg)
     assert [s for s in segments if isinstance(s, memoryview) and s.obj is lent.obj and len(s) > 1000]
 

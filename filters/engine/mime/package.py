@@ -348,12 +348,12 @@ def _header_block(part: Part) -> bytes | memoryview:
     return b"".join(f"{n}: {v}\r\n".encode("ascii") for n, v in part.headers)
 
 
-def segments(package: Package) -> Segments:
-    """The package serialized: each part's header block and content as they are (byte-exact for untouched
-    parts, the very slices received), between the package's delimiters. No copy."""
-    dash = b"--" + package.boundary.encode("ascii")
+def segments(boundary: str, parts: Iterable[Part]) -> Segments:
+    """A package's parts (its root first) serialized: each part's header block and content as they are
+    (byte-exact for untouched parts, the very slices received), between delimiters of `boundary`. No copy."""
+    dash = b"--" + boundary.encode("ascii")
     pieces: list[bytes | memoryview] = []
-    for p in package.parts:
+    for p in parts:
         pieces += [dash, CRLF, _header_block(p), CRLF, p.body, CRLF]
     pieces += [dash, b"--", CRLF]
     return tuple(pieces)
@@ -361,7 +361,7 @@ def segments(package: Package) -> Segments:
 
 def serialize(package: Package) -> bytes:
     """The package as bytes: its `segments` joined (one copy)."""
-    return b"".join(segments(package))
+    return b"".join(segments(package.boundary, package.parts))
 
 
 def with_content(part: Part, body: bytes | memoryview, set_headers: Mapping[str, str] | None = None) -> Part:

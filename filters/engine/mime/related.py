@@ -100,7 +100,7 @@ def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mi
     if reserialized or msg.inlined:
         content_type = charset.content_type(root.content_type, "utf-8", env.version)
         root = mime.with_content(root, env.serialize(), {"Content-Type": content_type})
-    return mime.segments(replace(package, root=root, attachments=rest)), package.content_type
+    return mime.segments(package.boundary, (root, *rest)), package.content_type
 
 
 def without_includes(env: Envelope) -> Envelope:
