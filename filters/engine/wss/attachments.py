@@ -198,6 +198,8 @@ def content_id(uri: str) -> str:
     """The Content-ID a `cid:` URI names (RFC 2392: percent-encoded; WSS4J URL-decodes it)."""
     if not uri.startswith("cid:"):
         raise faults.security("InvalidSecurity", f"{uri[:80]!r} is not a cid: URI")
+    if "%" not in uri:
+        return uri[4:]  # nothing to decode
     raw = uri[4:].encode("utf-8")
     if _BROKEN_PERCENT.search(raw):
         raise faults.security("InvalidSecurity", f"{uri[:80]!r}: broken percent-encoding")
