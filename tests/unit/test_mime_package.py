@@ -193,3 +193,15 @@ def test_cid_url_decoded_once_names_no_other_part(href: str) -> None:
     with pytest.raises(faults.Fault, match="reference to no part"):
         xop.references(root, pkg)
     assert xop.references(etree.fromstring('<r href=" CID:a%40test"/>'), pkg) == {"a@test"}
+
+
+def test_new_content_keeps_the_header_block_as_received_unless_a_header_changes() -> None:
+    ct, body = build.swa({"img@test": b"PNG"})
+    pkg = mime.parse(ct, body, LIMITS)
+    same = mime.with_content(pkg.root, b"<same/>", {"content-TYPE": pkg.root.content_type})
+    assert same.raw_headers is pkg.root.raw_headers and same.body == b"<same/>" and same.media == pkg.root.media
+    changed = mime.with_content(pkg.root, b"<x/>", {"Content-Type": "text/xml; charset=utf-16"})
+    assert changed.raw_headers is None and changed.header("content-type") == "text/xml; charset=utf-16"
+    assert changed.media.params == {"charset": "utf-16"}  # parsed from the new value, not the one parse read
+    out = mime.serialize(mime.Package(changed, pkg.attachments, pkg.start, pkg.boundary, pkg.content_type))
+    assert mime.parse(ct, out, LIMITS).root.content_type == "text/xml; charset=utf-16"

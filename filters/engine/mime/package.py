@@ -103,7 +103,10 @@ class Part(NamedTuple):
 
     def header(self, name: str) -> str | None:
         name = name.lower()
-        return next((v for n, v in self.headers if n.lower() == name), None)
+        for n, v in self.headers:  # a loop: next() over a generator costs twice as much, read for every part
+            if n.lower() == name:
+                return v
+        return None
 
     @property
     def transfer_encoding(self) -> str:
@@ -366,8 +369,10 @@ def serialize(package: Package) -> bytes:
 
 def with_content(part: Part, body: bytes | memoryview, set_headers: Mapping[str, str] | None = None) -> Part:
     """`part` with new content and `set_headers` replacing the headers of those names (or added); its header
-    block is then rendered anew."""
+    block rendered anew where that changes a header, else kept as received."""
     new = {n.lower(): (n, v) for n, v in (set_headers or {}).items()}
+    if all(part.header(name) == value for name, (_, value) in new.items()):
+        return Part(part.headers, part.content_id, part.content_type, body, part.raw_headers, part.parsed_type)
     content_type = new.get("content-type", ("", part.content_type))[1]
     headers = tuple(new.pop(n.lower(), (n, v)) for n, v in part.headers) + tuple(new.values())
     return Part(headers, part.content_id, content_type, body, None)
