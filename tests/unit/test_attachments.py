@@ -115,6 +115,7 @@ def test_xml_attachment_with_a_dtd_entity_refused() -> None:
 def test_cid_uris_are_percent_decoded(uri: str, cid: str) -> None:
     assert swa.content_id(uri) == cid
     assert swa.content_id(swa.cid_uri(cid)) == cid
+    assert swa.cid_uri(cid) == ("cid:%E2%82%AC@x" if cid == "€@x" else "cid:a@b")  # escaped where RFC 2392 says
 
 
 @pytest.mark.parametrize("uri", ["#a", "http://x/a", "cid:a%4", "cid:%ff%fe"])

@@ -12,6 +12,7 @@ from filters.engine import faults
 from filters.engine.engine import Exchange, RoutePipeline
 from filters.engine.mime import package as mime
 from filters.engine.mime import xop
+from filters.engine.xml import xmlsupport
 from gateway.policy import Attachments, Route
 from tests.support import mime as build
 
@@ -108,7 +109,7 @@ def test_copy_of_a_lent_body_none_attachments_are_slices_of_it_and_segments_keep
     lent = _lent(body)
     pkg = mime.parse(ct, lent, LIMITS)
     assert all(isinstance(p.body, memoryview) and p.body.obj is lent.obj for p in pkg.parts)
-    segments = mime.segments(pkg)
+    segments = mime.segments(pkg.boundary, pkg.parts)
     assert b"".join(segments) == body == mime.serialize(pkg)
     assert [s for s in segments if isinstance(s, memoryview) and s.obj is lent.obj and len(s) > 1000]
 
@@ -159,3 +160,48 @@ def test_cid_url_hidden_by_spelling_is_found_as_xpath_reads_it(body: str) -> Non
     expected = sorted((v if isinstance(v, str) else "".join(v.itertext())).strip() for v in _CID_XPATH(root))
     assert sorted(xop.cid_urls(root)) == expected
     assert "cid:r@t" in expected
+
+
+@pytest.mark.parametrize("strip_cdata", [True, False])
+@pytest.mark.parametrize("split", ["<!---->", "<?pi?>", "<![CDATA[]]>"])
+def test_cid_url_split_anywhere_is_found_as_xpath_reads_it(split: str, strip_cdata: bool) -> None:
+    """Leaf texts are read one by one only where a text node starts as a URL's colon could: a URL split at any
+    point (before its colon, in "cid", in the leading space) is still found."""
+    url = " \r\n\tCiD:x@t "
+    for at in range(len(url) + 1):
+        for second in range(at, len(url) + 1):
+            text = url[:at] + split + url[at:second] + split + url[second:]
+            root = etree.fromstring(f"<r><a>{text}</a><b>ci</b></r>", xmlsupport.parser(strip_cdata=strip_cdata))
+            assert xop.cid_urls(root) == ["CiD:x@t"], text
+
+
+def test_quoted_parameter_values_are_unquoted_once() -> None:
+    parsed = mime.media_type('Multipart/Related; a="x\\"y\\\\z"; B=tok; c=""; d="\\\\\\""', "message")
+    assert parsed == ("multipart/related", {"a": 'x"y\\z', "b": "tok", "c": "", "d": '\\"'})
+    for broken in ('a/b; c="x', 'a/b; c="x\\"', 'a/b; c="x"y"'):
+        with pytest.raises(faults.Fault, match="parameters do not parse"):
+            mime.media_type(broken, "message")
+
+
+@pytest.mark.parametrize("href", ["cid:cid%3Aa@test", "cid:cid:a@test", "cid:a%2540test", "cid:root@test%00"])
+def test_cid_url_decoded_once_names_no_other_part(href: str) -> None:
+    """A URL is decoded once and its Content-ID looked up as it is: one that decodes to another URL, or to an
+    id with an escape or a control character in it, names no part."""
+    ct, body = build.swa({"a@test": b"A"})
+    pkg = mime.parse(ct, body, LIMITS)
+    root = etree.fromstring(f'<r href="{href}"/>')
+    with pytest.raises(faults.Fault, match="reference to no part"):
+        xop.references(root, pkg)
+    assert xop.references(etree.fromstring('<r href=" CID:a%40test"/>'), pkg) == {"a@test"}
+
+
+def test_new_content_keeps_the_header_block_as_received_unless_a_header_changes() -> None:
+    ct, body = build.swa({"img@test": b"PNG"})
+    pkg = mime.parse(ct, body, LIMITS)
+    same = mime.with_content(pkg.root, b"<same/>", {"content-TYPE": pkg.root.content_type})
+    assert same.raw_headers is pkg.root.raw_headers and same.body == b"<same/>" and same.media == pkg.root.media
+    changed = mime.with_content(pkg.root, b"<x/>", {"Content-Type": "text/xml; charset=utf-16"})
+    assert changed.raw_headers is None and changed.header("content-type") == "text/xml; charset=utf-16"
+    assert changed.media.params == {"charset": "utf-16"}  # parsed from the new value, not the one parse read
+    out = mime.serialize(mime.Package(changed, pkg.attachments, pkg.start, pkg.boundary, pkg.content_type))
+    assert mime.parse(ct, out, LIMITS).root.content_type == "text/xml; charset=utf-16"

@@ -14,10 +14,9 @@ Content-IDs are kept without their angle brackets; `cid:` URLs (RFC 2392) are pe
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Protocol
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from filters.engine import faults
 
@@ -26,9 +25,13 @@ CRLF = b"\r\n"
 _BOUNDARY = re.compile(r"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _MEDIA_TYPE = re.compile(rf"[ \t]*({_TOKEN})/({_TOKEN})[ \t]*")
-_PARAMETER = re.compile(rf";[ \t]*({_TOKEN})[ \t]*=[ \t]*({_TOKEN}|\"(?:[^\"\\\r\n]|\\[^\r\n])*\")[ \t]*")
+_QUOTED = r'"[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*"'  # a quoted-string, its quoted pairs (one loop: sre backtracks less)
+_PARAMETER = re.compile(rf";[ \t]*({_TOKEN})[ \t]*=[ \t]*({_TOKEN}|{_QUOTED})[ \t]*")
+_QUOTED_PAIR = re.compile(r"\\(.)")
 _HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_NOT_HEADER_TEXT = re.compile(rb"[^\t\x20-\x7e]")  # a control character (but tab) or a non-ASCII byte
+# A part's header block: unfolded lines of a name, a colon and printable ASCII (or tab), each ended by CRLF.
+_HEADER_BLOCK = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r\n)*")
+_HEADER_FIELD = re.compile(r"([^:]+):(.*)\r\n")  # one line of a block _HEADER_BLOCK matched
 # msg-id as senders write it: no spaces, no brackets, no quotes, no '%' (a cid: URL's escape character: an id
 # holding one could be named by two URLs).
 _CONTENT_ID = re.compile(r"<([!#$&'*+\-./0-9:=?@A-Z^_`a-z{|}~]{1,250})>")
@@ -53,12 +56,11 @@ def refused(reason: str) -> faults.Fault:
     return faults.client(f"mime: {reason}")
 
 
-@dataclass(frozen=True)
-class MediaType:
+class MediaType(NamedTuple):
     """A Content-Type value: `type/subtype` lowercased, its parameters (names lowercased, values unquoted)."""
 
     essence: str
-    params: dict[str, str] = field(hash=False)
+    params: dict[str, str]
 
 
 def media_type(value: str, what: str) -> MediaType:
@@ -74,26 +76,37 @@ def media_type(value: str, what: str) -> MediaType:
         name, raw = p[1].lower(), p[2]
         if name in params:
             raise refused(f"{what} content type repeats parameter {name}")
-        params[name] = re.sub(r"\\(.)", r"\1", raw[1:-1]) if raw.startswith('"') else raw
+        if raw.startswith('"'):
+            raw = raw[1:-1]
+            if "\\" in raw:
+                raw = _QUOTED_PAIR.sub(r"\1", raw)
+        params[name] = raw
         at = p.end()
     return MediaType(f"{m[1]}/{m[2]}".lower(), params)
 
 
-@dataclass(frozen=True)
-class Part:
+class Part(NamedTuple):
+    """One part: its headers and content (a NamedTuple: made for every part of every message, ~4x cheaper than a
+    frozen dataclass)."""
+
     headers: tuple[tuple[str, str], ...]  # as received, in order (names as spelled, values without outer spaces)
     content_id: str | None  # without angle brackets
     content_type: str  # the Content-Type header's value as received
     body: memoryview | bytes  # the content, still in its transfer encoding
     raw_headers: memoryview | bytes | None = None  # the header block as received: serialized as it came
+    parsed_type: MediaType | None = None  # content_type as `parse` read it
 
-    @cached_property  # read by every check and profile: parsed once
+    @property
     def media(self) -> MediaType:
-        return media_type(self.content_type, "part")
+        """The Content-Type parsed: once, by `parse`, for the parts it read (read by every check and profile)."""
+        return self.parsed_type if self.parsed_type is not None else media_type(self.content_type, "part")
 
     def header(self, name: str) -> str | None:
         name = name.lower()
-        return next((v for n, v in self.headers if n.lower() == name), None)
+        for n, v in self.headers:  # a loop: next() over a generator costs twice as much, read for every part
+            if n.lower() == name:
+                return v
+        return None
 
     @property
     def transfer_encoding(self) -> str:
@@ -107,10 +120,6 @@ class Package:
     start: str | None  # the start parameter's Content-ID, without brackets
     boundary: str
     content_type: str  # the outer Content-Type header as received
-
-    @cached_property  # read by every check and profile: parsed once
-    def media(self) -> MediaType:
-        return media_type(self.content_type, "message")
 
     @property
     def parts(self) -> Iterator[Part]:
@@ -161,13 +170,12 @@ def parse(content_type_header: str, body: bytes | memoryview, limits: Limits) ->
     _check_root(root, root_type, outer)
     for p in rest:
         _check_attachment(p, limits)
-    package = Package(root, tuple(rest), start, boundary, content_type_header)
-    package.__dict__["media"] = outer  # `media`'s cached value: the header is parsed once
-    return package
+    return Package(root, tuple(rest), start, boundary, content_type_header)
 
 
 _LINE_ENDS = re.compile(rb"[\r\n]*")
-_SEARCH_WINDOW = 64 * 1024  # the delimiter search's window (`_split`)
+_SEARCH_WINDOW = 64 * 1024  # the delimiter search's window (`_split`), from a first one that most parts end in
+_FIRST_WINDOW = 4 * 1024
 
 
 def _split(body: memoryview, boundary: bytes, limits: Limits) -> list[memoryview]:
@@ -184,10 +192,13 @@ def _split(body: memoryview, boundary: bytes, limits: Limits) -> list[memoryview
         return body[pos : pos + len(what)] == what
 
     def find(pos: int) -> int:
-        for start in range(pos, len(body), _SEARCH_WINDOW):
-            i = body[start : start + _SEARCH_WINDOW + overlap].tobytes().find(dash)
+        window = _FIRST_WINDOW
+        while pos < len(body):
+            i = body[pos : pos + window + overlap].tobytes().find(dash)
             if i != -1:
-                return start + i
+                return pos + i
+            pos += window
+            window = min(2 * window, _SEARCH_WINDOW)
         return -1
 
     first = 0
@@ -232,25 +243,12 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
     if end > limits.max_part_header_bytes:
         raise refused(f"part headers longer than {limits.max_part_header_bytes} bytes")
     block = raw[:end]
-    unbroken = block.replace(CRLF, b"")
-    if b"\n" in unbroken or b"\r" in unbroken:
-        raise refused("bare CR or LF in part headers")
-    headers: list[tuple[str, str]] = []
-    names: set[str] = set()
-    for line in block.split(CRLF)[:-1]:
-        if line[:1] in (b" ", b"\t"):
-            raise refused("folded part header")
-        name, colon, value = line.partition(b":")
-        if not colon or not _HEADER_NAME.fullmatch(name):
-            raise refused("malformed part header")
-        if _NOT_HEADER_TEXT.search(value):
-            raise refused("non-ASCII or control character in a part header")
-        key = name.decode("ascii").lower()
-        if key in names:
-            raise refused(f"part header {key[:40]} repeated")
-        names.add(key)
-        headers.append((name.decode("ascii"), value.decode("ascii").strip(" \t")))
-    found = dict((n.lower(), v) for n, v in headers)
+    if not _HEADER_BLOCK.fullmatch(block):
+        raise refused(_header_fault(block))
+    headers = [(n, v.strip(" \t")) for n, v in _HEADER_FIELD.findall(block.decode("ascii"))]
+    found = {n.lower(): v for n, v in headers}
+    if len(found) < len(headers):
+        raise refused(f"part header {_repeated(n.lower() for n, _ in headers)[:40]} repeated")
     content_id = None
     if "content-id" in found:
         m = _CONTENT_ID.fullmatch(found["content-id"])
@@ -261,7 +259,32 @@ def _part(chunk: memoryview, limits: Limits) -> Part:
         raise refused("part without a Content-Type")
     if "content-location" in found:  # a second way to name a part (RFC 2557), which no check here resolves
         raise refused("part with a Content-Location")
-    return Part(tuple(headers), content_id, found["content-type"], chunk[end + 2 :], chunk[:end])
+    content_type = found["content-type"]
+    return Part(
+        tuple(headers), content_id, content_type, chunk[end + 2 :], chunk[:end], media_type(content_type, "part")
+    )
+
+
+def _header_fault(block: bytes) -> str:
+    """Why `_HEADER_BLOCK` refused a part's header block, for the log."""
+    if b"\n" in block.replace(CRLF, b"") or b"\r" in block.replace(CRLF, b""):
+        return "bare CR or LF in part headers"
+    for line in block.split(CRLF)[:-1]:
+        if line[:1] in (b" ", b"\t"):
+            return "folded part header"
+        name, colon, _ = line.partition(b":")
+        if not colon or not _HEADER_NAME.fullmatch(name):
+            return "malformed part header"
+    return "non-ASCII or control character in a part header"
+
+
+def _repeated(names: Iterable[str]) -> str:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    raise AssertionError("no name repeated")
 
 
 def _check_root(root: Part, root_type: str, outer: MediaType) -> None:
@@ -294,6 +317,7 @@ def _check_attachment(part: Part, limits: Limits) -> None:
 
 
 _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_ID_CHARACTERS = re.compile(r"[\x21-\x7e]*")  # printable ASCII: what a Content-ID (_CONTENT_ID) may hold
 
 
 def cid(url: str) -> str | None:
@@ -301,15 +325,19 @@ def cid(url: str) -> str | None:
     does not decode to a printable ASCII character (no Content-ID holds one)."""
     if url[:4].lower() != "cid:":
         return None
-    decoded = _ESCAPE.sub(lambda m: chr(int(m[1], 16)), url[4:])
-    return decoded if all(0x21 <= ord(c) <= 0x7E for c in decoded) else None
+    decoded = _ESCAPE.sub(lambda m: chr(int(m[1], 16)), url[4:]) if "%" in url else url[4:]
+    return decoded if _ID_CHARACTERS.fullmatch(decoded) else None
 
 
 def find(package: Package, url_or_id: str) -> Part | None:
     """The attachment a `cid:` URL (or a bare Content-ID) names; None if none does. The root is not an attachment:
-    a reference to it is the caller's to refuse (`cid_of_root`)."""
-    wanted = cid(url_or_id) if url_or_id[:4].lower() == "cid:" else url_or_id
-    return next((p for p in package.attachments if p.content_id == wanted), None)
+    a reference to it is the caller's to refuse (`names_root`)."""
+    return attachment(package, cid(url_or_id) if url_or_id[:4].lower() == "cid:" else url_or_id)
+
+
+def attachment(package: Package, content_id: str | None) -> Part | None:
+    """The attachment with this Content-ID (None: none has it)."""
+    return next((p for p in package.attachments if p.content_id == content_id), None) if content_id else None
 
 
 def names_root(package: Package, url_or_id: str) -> bool:
@@ -323,12 +351,12 @@ def _header_block(part: Part) -> bytes | memoryview:
     return b"".join(f"{n}: {v}\r\n".encode("ascii") for n, v in part.headers)
 
 
-def segments(package: Package) -> Segments:
-    """The package serialized: each part's header block and content as they are (byte-exact for untouched
-    parts, the very slices received), between the package's delimiters. No copy."""
-    dash = b"--" + package.boundary.encode("ascii")
+def segments(boundary: str, parts: Iterable[Part]) -> Segments:
+    """A package's parts (its root first) serialized: each part's header block and content as they are
+    (byte-exact for untouched parts, the very slices received), between delimiters of `boundary`. No copy."""
+    dash = b"--" + boundary.encode("ascii")
     pieces: list[bytes | memoryview] = []
-    for p in package.parts:
+    for p in parts:
         pieces += [dash, CRLF, _header_block(p), CRLF, p.body, CRLF]
     pieces += [dash, b"--", CRLF]
     return tuple(pieces)
@@ -336,13 +364,15 @@ def segments(package: Package) -> Segments:
 
 def serialize(package: Package) -> bytes:
     """The package as bytes: its `segments` joined (one copy)."""
-    return b"".join(segments(package))
+    return b"".join(segments(package.boundary, package.parts))
 
 
 def with_content(part: Part, body: bytes | memoryview, set_headers: Mapping[str, str] | None = None) -> Part:
     """`part` with new content and `set_headers` replacing the headers of those names (or added); its header
-    block is then rendered anew."""
+    block rendered anew where that changes a header, else kept as received."""
     new = {n.lower(): (n, v) for n, v in (set_headers or {}).items()}
+    if all(part.header(name) == value for name, (_, value) in new.items()):
+        return Part(part.headers, part.content_id, part.content_type, body, part.raw_headers, part.parsed_type)
+    content_type = new.get("content-type", ("", part.content_type))[1]
     headers = tuple(new.pop(n.lower(), (n, v)) for n, v in part.headers) + tuple(new.values())
-    content_type = next((v for n, v in headers if n.lower() == "content-type"), part.content_type)
     return Part(headers, part.content_id, content_type, body, None)

@@ -48,7 +48,7 @@ def receive(content_type: str | None, body: bytes | memoryview, policy: Attachme
     if not policy.accept:
         raise mime.refused("multipart message on a route that takes no attachments")
     package = mime.parse(content_type, body, policy)
-    return Message(package, xop=package.media.params["type"].lower() == "application/xop+xml")
+    return Message(package, xop=package.root.media.essence == "application/xop+xml")  # the type parameter's (parse)
 
 
 def check(msg: Message, env: Envelope, policy: Attachments) -> None:
@@ -89,7 +89,9 @@ def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mi
     slices received) and its Content-Type. `reserialized`: the pipeline changed the envelope (a secured
     profile)."""
     package = msg.package
-    rest = tuple(p for p in package.attachments if p.content_id not in msg.inlined)
+    rest = (
+        tuple(p for p in package.attachments if p.content_id not in msg.inlined) if msg.inlined else package.attachments
+    )
     if msg.inlined and not rest:  # nothing left to package: one SOAP envelope
         return env.serialize(), charset.content_type(msg.soap_type, "utf-8", env.version)
     if not (reserialized or msg.inlined or msg.stripped):
@@ -98,7 +100,7 @@ def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mi
     if reserialized or msg.inlined:
         content_type = charset.content_type(root.content_type, "utf-8", env.version)
         root = mime.with_content(root, env.serialize(), {"Content-Type": content_type})
-    return mime.segments(replace(package, root=root, attachments=rest)), package.content_type
+    return mime.segments(package.boundary, (root, *rest)), package.content_type
 
 
 def without_includes(env: Envelope) -> Envelope:

@@ -14,7 +14,7 @@ for Complete the plaintext starts with the encrypted headers and a blank line. S
 failure for the client and the same CBC rules as XML Encryption (filters/engine/wss/encryption.py; the caller
 applies wssecurity._check_cbc before `decrypt`).
 
-Bytes are hashed in CHUNK slices of one memoryview and ciphered in one call: nothing is copied whole except the
+Bytes are hashed where they lie and ciphered in CHUNK slices of one memoryview: nothing is copied whole except the
 result of a decryption or encryption (which replaces the part's body)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ _XML_TYPE = re.compile(r"(?i)(text/xml|application/xml|(application|image)/.*\+x
 _TEXT_TYPE = re.compile(r"(?i)text/")
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
 _BROKEN_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
-_NOT_BARE = re.compile(r"[^\w.@\-!$&'*+=^`{|}~]")  # in a cid: URI (RFC 2392), percent-encoded
+_NOT_BARE_IN_URI = re.compile(r"[^\w.@\-!$&'*+=^`{|}~]")  # a Content-ID's characters a cid: URI escapes
 # A MIME type as EncryptedData/@MimeType may give it back to a part: type/subtype and parameters, one line.
 _MIME_TYPE = re.compile(r"[\w.+\-]+/[\w.+\-]+(\s*;[^\r\n]*)?")
 MAX_HEADER_LINES = 100  # in the plaintext of an Attachment-Complete encryption, as WSS4J
@@ -211,6 +211,8 @@ def content_id(uri: str) -> str:
     """The Content-ID a `cid:` URI names (RFC 2392: percent-encoded; WSS4J URL-decodes it)."""
     if not uri.startswith("cid:"):
         raise faults.security("InvalidSecurity", f"{uri[:80]!r} is not a cid: URI")
+    if "%" not in uri:
+        return uri[4:]  # nothing to decode
     raw = uri[4:].encode("utf-8")
     if _BROKEN_PERCENT.search(raw):
         raise faults.security("InvalidSecurity", f"{uri[:80]!r}: broken percent-encoding")
@@ -222,7 +224,7 @@ def content_id(uri: str) -> str:
 
 def cid_uri(value: str) -> str:
     """The `cid:` URI for a Content-ID (percent-encoding what RFC 2392 does not allow bare)."""
-    return "cid:" + _NOT_BARE.sub(_escape, value)
+    return "cid:" + _NOT_BARE_IN_URI.sub(_escape, value)
 
 
 def _escape(m: re.Match[str]) -> str:
@@ -360,7 +362,7 @@ def content_form(attachment: Attachment) -> Iterator[bytes | memoryview]:
     elif _TEXT_TYPE.match(mime):
         yield from _crlf(_chunks(attachment.body))
     else:
-        yield from _chunks(attachment.body)
+        yield attachment.body  # whole: a hash reads the buffer where it is
 
 
 @metrics.timed("attachment_digest")

@@ -587,6 +587,8 @@ def _verify_with_attachments(
 def _check_order(signed: list[attachments.Attachment], parts: attachments.Attachments) -> None:
     """Signed attachments travel in the order they were signed: a receiver that reads parts by position (SwA
     without cid: links in the body) must not get them reordered under a valid signature."""
+    if len(signed) < 2:  # one attachment: neither repeated nor out of order
+        return
     if len({id(p) for p in signed}) != len(signed):
         raise faults.security("InvalidSecurity", "an attachment is referenced twice by one signature")
     positions = {id(p): i for i, p in enumerate(parts)}
