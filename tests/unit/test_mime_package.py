@@ -159,3 +159,17 @@ def test_cid_url_hidden_by_spelling_is_found_as_xpath_reads_it(body: str) -> Non
     expected = sorted((v if isinstance(v, str) else "".join(v.itertext())).strip() for v in _CID_XPATH(root))
     assert sorted(xop.cid_urls(root)) == expected
     assert "cid:r@t" in expected
+
+
+def test_a_package_written_anew_goes_under_a_boundary_of_its_own() -> None:
+    """`rebound`: a fresh boundary each time (none the sender could know), every other parameter kept, quoted where
+    it must be; the package reads back the same under it."""
+    content_type, body = build.mtom({"a@test": b"\x00--" + build.BOUNDARY.encode()[:4]})
+    content_type += '; x-note="a \\"quoted\\" \\\\ value"'
+    pkg = mime.parse(content_type, body, LIMITS)
+    first, second = mime.rebound(pkg), mime.rebound(pkg)
+    assert len({pkg.boundary, first.boundary, second.boundary}) == 3
+    params = mime.media_type(first.content_type, "message").params
+    assert params == {**mime.media_type(content_type, "message").params, "boundary": first.boundary}
+    again = mime.parse(first.content_type, mime.serialize(first), LIMITS)
+    assert [(p.content_id, bytes(p.body)) for p in again.parts] == [(p.content_id, bytes(p.body)) for p in pkg.parts]
