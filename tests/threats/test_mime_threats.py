@@ -5,6 +5,8 @@ for what passes)."""
 
 from __future__ import annotations
 
+import email.parser
+import email.policy
 from pathlib import Path
 
 import pytest
@@ -162,6 +164,43 @@ def test_a_cid_reference_hidden_in_encrypted_content_is_checked_once_decrypted(p
         with pytest.raises(faults.Fault) as caught:
             pipeline.request(body, {"content-type": ct}, Exchange(route))
         assert reason in caught.value.reason
+
+
+def _lenient_parts(content_type: str, body: bytes) -> list[str | None]:
+    """The Content-IDs of the parts Python's email package finds (a lenient reader: a delimiter after a bare LF)."""
+    msg = email.parser.BytesParser(policy=email.policy.compat32).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode() + body
+    )
+    return [p["Content-ID"] for p in msg.get_payload()]
+
+
+@pytest.mark.parametrize("spelling", [b"&#45;&#45;", b"&#x2D;-", b"-&#45;"])
+def test_the_received_boundary_spelled_in_character_references_adds_no_part_downstream(
+    pki: Path, spelling: bytes
+) -> None:
+    """The strict parser sees no delimiter in `&#45;&#45;boundary`; a secured profile re-serializes the root, and
+    lxml writes the characters back. Under the received boundary a lenient backend would read parts the gateway
+    never checked: a package the gateway writes anew goes under a boundary of its own."""
+    doc = route_doc(pki, "rsa", attachments={"accept": True, "unreferenced": "forward"})
+    route = Route.model_validate({**doc, "upstream": {"address": "127.0.0.1:1"}})
+    smuggled = f"&#10;--{B}&#10;Content-Type: text/plain&#10;Content-ID: evil@test&#10;&#10;UNCHECKED&#10;"
+    secured, _ = Client(route, ClientConfig(certs=pki)).secure(echo(f"<d:note>{smuggled}--{B}--&#10;</d:note>"))
+    # The client writes the signed text's dashes and line ends as references: the same infoset, the same digest.
+    root = secured.replace(f"--{B}".encode(), spelling + B.encode()).replace(b"\n", b"&#10;")
+    ct, body = build.swa({"a@test": OCTETS}, root=root)
+    out = build_pipeline(route, RouteStores()).request(body, {"content-type": ct}, Exchange(route))
+    assert out.body is not None and not isinstance(out.body, bytes)
+    forwarded, forwarded_type = b"".join(out.body), out.set_headers["content-type"]
+    assert f"\n--{B}\n".encode() in forwarded  # written back as characters: under B, a delimiter
+    boundary = mime.media_type(forwarded_type, "message").params["boundary"]
+    assert boundary != B
+    assert len(mime.parse(forwarded_type, forwarded, route.attachments).attachments) == 1
+    assert _lenient_parts(forwarded_type, forwarded) == ["<root@test>", "<a@test>"]
+    # The same bytes under the received boundary: a part the gateway never saw, where the attachment was.
+    assert _lenient_parts(ct, forwarded.replace(f"--{boundary}".encode(), f"--{B}".encode())) == [
+        "<root@test>",
+        "evil@test",
+    ]
 
 
 def test_unreferenced_attachments_are_refused_stripped_or_forwarded_as_the_route_says() -> None:

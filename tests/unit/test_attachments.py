@@ -211,44 +211,24 @@ def test_cipher_reference_must_carry_the_one_ciphertext_transform() -> None:
         swa.decrypt(ed, key, ["aes256-gcm"], parts)
 
 
-def test_part_whose_new_bytes_hold_the_boundary_travels_base64() -> None:
-    content_type, body = build.swa({"a@test": b"x"})
-    package = mime.parse(content_type, body, LIMITS)
-    parts = swa.from_parts(package.attachments)
-    parts.parts[0].body = bytearray(b"before\r\n--" + build.BOUNDARY.encode() + b"\r\nafter")
-    parts.parts[0].changed = True
-    again = mime.parse(content_type, mime.serialize(swa.to_package(package, parts)), LIMITS)
-    assert again.attachments[0].transfer_encoding == "base64"
-    assert bytes(swa.from_parts(again.attachments).parts[0].body) == bytes(parts.parts[0].body)
-
-
-def _rewritten(boundary: str, body: bytes, encrypted: bool) -> mime.Part:
-    """The one attachment of a package under `boundary`, its bytes replaced by `body` as a decryption
-    (`encrypted` False) or an encryption here would, written back and read again."""
+@pytest.mark.parametrize("boundary", ["b", "short_b_15bytes", build.BOUNDARY])
+def test_a_plaintext_holding_the_received_boundary_stays_one_part(boundary: str) -> None:
+    """A decrypted plaintext is its sender's choice, who knew the boundary: the package written anew goes under a
+    boundary of the gateway's own (`mime.rebound`), so the part stays one part, binary, byte for byte."""
     content_type = f'multipart/related; type="text/xml"; boundary={boundary}; start="<root@test>"'
     root = build.part([("Content-Type", "text/xml"), ("Content-ID", "<root@test>")], build.envelope(""))
     att = build.part([("Content-Type", "image/png"), ("Content-ID", "<a@test>")], b"x")
     package = mime.parse(content_type, build.package([root, att], boundary), LIMITS)
     parts = swa.from_parts(package.attachments)
-    parts.parts[0].body, parts.parts[0].changed, parts.parts[0].encrypted = bytearray(body), True, encrypted
-    again = mime.parse(content_type, mime.serialize(swa.to_package(package, parts)), LIMITS)
-    assert bytes(swa.from_parts(again.attachments).parts[0].body) == body
-    return again.attachments[0]
-
-
-@pytest.mark.parametrize("boundary", ["b", "short_b_15bytes"])  # delimiters of 3 and 17 bytes
-def test_decrypted_plaintext_holding_the_boundary_travels_base64_whatever_its_length(boundary: str) -> None:
-    """A decrypted plaintext is its sender's choice: always searched for the delimiter, however long."""
-    body = os.urandom(1000) + f"\r\n--{boundary}\r\nX-Injected: 1\r\n\r\n".encode() + os.urandom(1000)
-    assert _rewritten(boundary, body, encrypted=False).transfer_encoding == "base64"
-
-
-def test_our_ciphertext_holding_a_short_boundary_travels_base64() -> None:
-    """Under a delimiter shorter than SURE_DELIMITER, random bytes may hold it: our ciphertext is searched too."""
-    boundary = "b" * (swa.SURE_DELIMITER - 3)
-    body = os.urandom(1000) + f"\r\n--{boundary}\r\n".encode() + os.urandom(1000)
-    assert _rewritten(boundary, body, encrypted=True).transfer_encoding == "base64"
-    assert _rewritten(boundary, os.urandom(2000), encrypted=True).transfer_encoding == "binary"
+    body = os.urandom(1000) + f"\r\n--{boundary}\r\nContent-ID: <b@test>\r\n\r\n".encode() + os.urandom(1000)
+    parts.parts[0].body, parts.parts[0].changed = bytearray(body), True
+    boundary, written_type = mime.rebound(content_type)
+    again = mime.parse(written_type, b"".join(mime.segments(boundary, swa.to_package(package, parts).parts)), LIMITS)
+    assert [p.content_id for p in again.attachments] == ["a@test"]
+    assert again.attachments[0].transfer_encoding == "binary" and bytes(again.attachments[0].body) == body
+    # Under the received boundary the same bytes would not even parse (the strict reader's refusal).
+    with pytest.raises(faults.Fault):
+        mime.parse(content_type, mime.serialize(swa.to_package(package, parts)), LIMITS)
 
 
 def test_xop_expanded_for_the_security_header_then_restored() -> None:

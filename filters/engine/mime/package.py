@@ -14,6 +14,7 @@ Content-IDs are kept without their angle brackets; `cid:` URLs (RFC 2392) are pe
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -360,6 +361,25 @@ def segments(boundary: str, parts: Iterable[Part]) -> Segments:
         pieces += [dash, CRLF, _header_block(p), CRLF, p.body, CRLF]
     pieces += [dash, b"--", CRLF]
     return tuple(pieces)
+
+
+def _parameter_value(value: str) -> str:
+    if re.fullmatch(_TOKEN, value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def rebound(content_type: str) -> tuple[str, str]:
+    """A boundary of the gateway's own, drawn now, and the package's Content-Type (as received: parsed before)
+    rendered anew with it. For a package the gateway writes anew: its new bytes (a root re-serialized, parts
+    decrypted) are partly the sender's choice, and the sender knew the received boundary. Text the parser saw as
+    character references (`&#45;&#45;boundary`) is written back as the characters, and a plaintext is whatever
+    was encrypted: under the received boundary either could end a part early, or start parts the gateway never
+    checked, for a lenient reader. 128 random bits drawn after the content exists are in none of it."""
+    boundary = f"wsgate-{secrets.token_hex(16)}"
+    outer = media_type(content_type, "message")
+    params = {**outer.params, "boundary": boundary}
+    return boundary, "; ".join([outer.essence, *(f"{n}={_parameter_value(v)}" for n, v in params.items())])
 
 
 def serialize(package: Package) -> bytes:

@@ -86,8 +86,8 @@ def inline(msg: Message) -> None:
 
 def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mime.Segments | None, str]:
     """The body for the next hop (None: the message as it came; a package as segments, its attachments the
-    slices received) and its Content-Type. `reserialized`: the pipeline changed the envelope (a secured
-    profile)."""
+    slices received, under a boundary of the gateway's own: `mime.rebound`) and its Content-Type. `reserialized`:
+    the pipeline changed the envelope (a secured profile)."""
     package = msg.package
     rest = (
         tuple(p for p in package.attachments if p.content_id not in msg.inlined) if msg.inlined else package.attachments
@@ -100,7 +100,8 @@ def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mi
     if reserialized or msg.inlined:
         content_type = charset.content_type(root.content_type, "utf-8", env.version)
         root = mime.with_content(root, env.serialize(), {"Content-Type": content_type})
-    return mime.segments(package.boundary, (root, *rest)), package.content_type
+    boundary, content_type = mime.rebound(package.content_type)
+    return mime.segments(boundary, (root, *rest)), content_type
 
 
 def without_includes(env: Envelope) -> Envelope:

@@ -69,7 +69,6 @@ _CIPHER_DATA = ns.q(ns.XENC, "CipherData")
 _CIPHER_REFERENCE = ns.q(ns.XENC, "CipherReference")
 _TRANSFORMS = ns.q(ns.XENC, "Transforms")
 _TRANSFORM = ns.q(ns.DS, "Transform")
-SURE_DELIMITER = 16  # bytes: a delimiter not looked for in our ciphertext (to_package)
 
 
 @dataclass
@@ -130,26 +129,17 @@ def from_parts(parts: Sequence[mime.Part]) -> Attachments:
 
 
 def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
-    """`package` with each attachment that was decrypted or encrypted written back with its new headers: binary,
-    or base64 where its new bytes hold the package's boundary (a plaintext or ciphertext that would otherwise end
-    the part early, or add parts the gateway never checked, for the next reader)."""
-    delimiter = b"--" + package.boundary.encode("ascii")
-    # Our ciphertext (a random IV; a fresh or secret key) is indistinguishable from random bytes: it holds a
-    # delimiter of SURE_DELIMITER bytes or more with a chance below 2^-100 at any size a route carries, so only a
-    # shorter one is searched for in it. A decrypted plaintext, its sender's choice, is always searched.
-    trusted = len(delimiter) >= SURE_DELIMITER
+    """`package` with each attachment that was decrypted or encrypted written back, binary, with its new headers.
+    A plaintext holding the received boundary (its sender's choice) cannot end its part early: a package written
+    anew goes under a boundary drawn when it is written (related.forward, `mime.rebound`)."""
     out = []
     for old, new in zip(package.attachments, parts, strict=True):
         if not new.changed:
             out.append(old)
             continue
-        body = new.body
-        encoding = "binary"
-        if not (new.encrypted and trusted) and not isinstance(body, memoryview) and delimiter in body:
-            body, encoding = base64.encodebytes(bytes(body)).replace(b"\n", b"\r\n"), "base64"
         headers = [(n, v) for n, v in new.headers if n.lower() != "content-transfer-encoding"]
-        headers.append(("Content-Transfer-Encoding", encoding))
-        out.append(mime.Part(tuple(headers), new.content_id, new.content_type, body, None))
+        headers.append(("Content-Transfer-Encoding", "binary"))
+        out.append(mime.Part(tuple(headers), new.content_id, new.content_type, new.body, None))
     return dataclasses.replace(package, attachments=tuple(out))
 
 
