@@ -113,11 +113,14 @@ def test_wss4j_signed_and_encrypted_attachments_both_ways(
     resp = _post(gw, "swa", secured["xml"].encode(), secured["attachments"], version)
     verified = _verify(wss4j, pki, resp)
     assert {"cid:doc@wss4j", "cid:note@wss4j"} <= set(verified["signed"]), verified["signed"]
-    # What the backend got (in the clear: the document base64 transfer-encoded, as its plaintext holds the
-    # delimiter) and echoed, encrypted again by the gateway and decrypted by WSS4J.
+    # What the backend got (in the clear, binary: its plaintext holds the received delimiter, which delimits
+    # nothing under the boundary the gateway wrote it with) and echoed, encrypted again, decrypted by WSS4J.
     assert _bodies(verified["attachments"]) == _plain(HOLDS_BOUNDARY)
     (received,) = gw.received()
-    assert "Content-Transfer-Encoding: base64" in received["body"] and NOTE.decode() in received["body"]
+    boundary = mime.media_type(received["headers"]["content-type"], "message").params["boundary"]
+    assert boundary != build.BOUNDARY and f"\r\n--{build.BOUNDARY}\r\n" in received["body"]
+    assert received["body"].count(f"--{boundary}\r\n") == 3 and NOTE.decode() in received["body"]
+    assert "Content-Transfer-Encoding: base64" not in received["body"]
 
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
