@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import IO
 
 from certs import pki
-from gateway.control.supervisor import default_workers
+from gateway.control.supervisor import Gateway, default_workers
 from gateway.policy import load_dir
 from loadtest import outbound
 from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _init_generator, _make_messages
-from loadtest.bench_gateway import bench_gateway
+from loadtest.bench_gateway import _cpu_seconds, _pids, bench_gateway
 from loadtest.bench_report import BENCH_PROFILES
 from loadtest.messages import HMAC_KEY_NAME
-from loadtest.tracing_ab import _bodies, slice_cost, spread
+from loadtest.tracing_ab import COUNTED, _bodies, slice_cost, spread
 
 TARGET = 1.0  # issue 24: outbound SecureConversation at steady state costs no more than outbound hmac
 PAIRS = tuple((sc, hmac) for sc, hmac, _ in outbound.SC_TARGETS)
@@ -91,21 +91,36 @@ def run(
             ]
             made = time.monotonic() - made
             ratios[pair] = []
+            # Each row's CPU by process role over all its slices, and its requests: where a difference sits.
+            roles = {row: dict.fromkeys(COUNTED, 0.0) for row in pair}
+            served = dict.fromkeys(pair, 0)
             for i, prefix in enumerate(prefixes):
                 cost = {}
                 for row in pair if i % 2 == 0 else pair[::-1]:
                     url, path = where[row]
+                    before = _role_cpu(gw)
                     seconds, requests = slice_cost(gw, path, prefix[row], threads, connections, slice_s, url)
+                    for role, spent in _role_cpu(gw).items():
+                        roles[row][role] += spent - before[role]
+                    served[row] += requests
                     cost[row] = seconds / requests
                 ratios[pair].append(cost[pair[0]] / cost[pair[1]])
             for f in (out / "bodies").glob("*"):
                 f.unlink()
             print(f"  {pair[0]:19} / {pair[1]:24} {spread(ratios[pair])}  (~{rate:.0f} req/s; bodies made in "
                   f"{made:.0f} s)", file=log, flush=True)  # fmt: skip
+            for row in pair:
+                split = ", ".join(f"{role} {roles[row][role] / served[row] * 1e6:,.0f}" for role in COUNTED)
+                print(f"    {row:24} us per call over its slices: {split}", file=log, flush=True)
     for (sc, hmac), rs in ratios.items():
         median = statistics.median(rs)
         print(f"#24 target: {sc} <= {hmac}: {median:.3f}x -> {'met' if median <= TARGET else 'MISSED'}", file=log)
     return ratios
+
+
+def _role_cpu(gw: Gateway) -> dict[str, float]:
+    pids = _pids(gw)
+    return {role: sum(_cpu_seconds(pid) for pid in pids[role]) for role in COUNTED}
 
 
 def _pair(text: str) -> tuple[str, str]:
