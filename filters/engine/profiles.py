@@ -148,8 +148,15 @@ class SecuredPipeline(RoutePipeline):
     def process(
         self, env: Envelope, ex: Exchange, req: wssecurity.Requirements, creds: wssecurity.Credentials, now: datetime
     ) -> wssecurity.Verified:
-        """The Security header, with a multipart request's attachments (see `with_parts`)."""
-        return with_parts(env, ex.request_mime, lambda parts: wssecurity.process(env, req, creds, now, parts))
+        """The Security header, with a multipart request's attachments (see `with_parts`). Where it decrypted
+        nothing into the envelope and no part left with its header (`restore_xop`), the root only lost that header:
+        its `cid:` references are those `related.check` read, and `send` does not read them again."""
+        msg = ex.request_mime
+        count = len(msg.package.attachments) if msg is not None else 0
+        verified = with_parts(env, msg, lambda parts: wssecurity.process(env, req, creds, now, parts))
+        if msg is not None:
+            msg.recheck = verified.decrypted or len(msg.package.attachments) != count
+        return verified
 
     def deliver(
         self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
