@@ -103,7 +103,7 @@ def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mi
     if reserialized or msg.inlined:
         content_type = charset.content_type(root.content_type, "utf-8", env.version)
         root = mime.with_content(root, env.serialize(), {"Content-Type": content_type})
-    boundary, content_type = mime.rebound(package.content_type)
+    boundary, content_type = mime.rebound(package)
     return mime.segments(boundary, (root, *rest)), content_type
 
 
