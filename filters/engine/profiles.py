@@ -175,6 +175,8 @@ class SecuredPipeline(RoutePipeline):
                 out_headers |= saml_issuer.for_backend(
                     env, self.backend_issuer, route.backend_assertion, verified, datetime.now(UTC), attributes
                 )
+            if ex.request_mime is not None:
+                ex.request_mime.recheck = True  # an assertion in the root is new XML, with the client's values
         if route.quotas.operations and (op := header_blocks.operation(env, verified.covers, headers)):
             out_headers[OPERATION_HEADER] = op  # read by Envoy's rate-limit filter, removed before the backend
         with metrics.stage(route, "serialize"):
