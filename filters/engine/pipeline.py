@@ -97,7 +97,7 @@ class RoutePipeline:
         ex.request_mime = ex.response_mime = None
         if msg is None:
             return forward(env, received_type, env.serialize() if reserialized else None, **headers)
-        if request and reserialized:
+        if request and reserialized and msg.recheck:
             related.resolve(msg, env)  # the root as the profile left it: decrypted content checked too
         if request and self.route.attachments.to_backend == "inline":
             related.inline(msg)

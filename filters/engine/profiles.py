@@ -148,8 +148,15 @@ class SecuredPipeline(RoutePipeline):
     def process(
         self, env: Envelope, ex: Exchange, req: wssecurity.Requirements, creds: wssecurity.Credentials, now: datetime
     ) -> wssecurity.Verified:
-        """The Security header, with a multipart request's attachments (see `with_parts`)."""
-        return with_parts(env, ex.request_mime, lambda parts: wssecurity.process(env, req, creds, now, parts))
+        """The Security header, with a multipart request's attachments (see `with_parts`). Where it decrypted
+        nothing into the envelope and no part left with its header (`restore_xop`), the root only lost that header:
+        its `cid:` references are those `related.check` read, and `send` does not read them again."""
+        msg = ex.request_mime
+        count = len(msg.package.attachments) if msg is not None else 0
+        verified = with_parts(env, msg, lambda parts: wssecurity.process(env, req, creds, now, parts))
+        if msg is not None:
+            msg.recheck = verified.decrypted or len(msg.package.attachments) != count
+        return verified
 
     def deliver(
         self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
@@ -168,6 +175,8 @@ class SecuredPipeline(RoutePipeline):
                 out_headers |= saml_issuer.for_backend(
                     env, self.backend_issuer, route.backend_assertion, verified, datetime.now(UTC), attributes
                 )
+            if ex.request_mime is not None:
+                ex.request_mime.recheck = True  # an assertion in the root is new XML, with the client's values
         if route.quotas.operations and (op := header_blocks.operation(env, verified.covers, headers)):
             out_headers[OPERATION_HEADER] = op  # read by Envoy's rate-limit filter, removed before the backend
         with metrics.stage(route, "serialize"):

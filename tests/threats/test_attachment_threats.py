@@ -19,6 +19,7 @@ from lxml import etree
 
 from filters.engine import faults, ns
 from filters.engine.mime import package as mime
+from filters.engine.pipeline import Exchange
 from filters.engine.profiles import SecuredPipeline
 from filters.engine.wss import attachments, wssecurity
 from filters.engine.xml.threat_protection import parse_envelope
@@ -255,3 +256,26 @@ def test_signature_reference_to_attachment_on_plain_message_refused(wss4j: Wss4j
     with pytest.raises(faults.Fault) as err:
         wssecurity.process(env, pipeline.requirements, pipeline.credentials, datetime.now(UTC))
     assert "is not a same-document '#id'" in err.value.reason
+
+
+@pytest.mark.parametrize("href", ["cid:root@test", "cid:gone@test"])
+def test_a_cid_reference_in_a_decrypted_header_is_checked_where_the_body_was_not_encrypted(
+    wss4j: Wss4j, pki: Path, href: str
+) -> None:
+    """The pipeline reads the root's cid: references again after the Security header only where something was
+    decrypted into the envelope: a header block's content counts, not only the Body's (here an attachment and one
+    header block encrypted, the Body signed in the clear)."""
+    body = echo("with documents").split(b"<soap:Body>")
+    header = f'<soap:Header><h:Ref xmlns:h="urn:refs">{href}</h:Ref></soap:Header><soap:Body>'.encode()
+    xml = header.join(body)
+    parts = [part("Body", soap_ns("1.1")), part("Timestamp", WSU), part("Ref", "urn:refs")]
+    step = {**x509_sign(pki, parts), "attachments": "Element"}
+    encrypt = {**encrypt_to_gateway(pki, [part("Ref", "urn:refs", "Content")]), "attachments": "Element"}
+    atts = [_att("doc@test", "application/pdf", PDF)]
+    got = wss4j.secure(xml, [{"do": "timestamp"}, step, encrypt], attachments=atts)
+    assert href not in got["xml"]  # the header's content travels encrypted
+    pipeline = _pipeline(pki, **ALL, encrypted=True, encryption={"data_algorithms": ["aes256-gcm"]})
+    content_type, message = _package(got["xml"].encode(), got["attachments"])
+    with pytest.raises(faults.Fault) as err:
+        pipeline.request(message, {"content-type": content_type}, Exchange(pipeline.route))
+    assert "reference to" in err.value.reason

@@ -151,16 +151,18 @@ def test_a_part_named_by_content_location_is_refused() -> None:
     assert "Content-Location" in _refused(*_mtom(_att(Content_Location="doc.pdf")))
 
 
-def test_a_cid_reference_hidden_in_encrypted_content_is_checked_once_decrypted(pki: Path) -> None:
+@pytest.mark.parametrize("packaging", ["swa", "mtom"])
+def test_a_cid_reference_hidden_in_encrypted_content_is_checked_once_decrypted(pki: Path, packaging: str) -> None:
     doc = route_doc(pki, "rsa", attachments={"accept": True, "unreferenced": "forward"},
                     encryption={"require_request": True})  # fmt: skip
     route = Route.model_validate({**doc, "upstream": {"address": "127.0.0.1:1"}})
     pipeline = build_pipeline(route, RouteStores())
     client = Client(route, ClientConfig(certs=pki))
-    for href, reason in (("cid:root@test", "reference to the root"), ("cid:gone@test", "reference to no part")):
+    package, root_id = (build.swa, "root@test") if packaging == "swa" else (build.mtom, "root.message@test")
+    for href, reason in ((f"cid:{root_id}", "reference to the root"), ("cid:gone@test", "reference to no part")):
         secured, _ = client.secure(echo(f"<d:R href='{href}'/>"))
         assert href.encode() not in secured  # the Body travels encrypted
-        ct, body = build.swa({"a@test": OCTETS}, root=secured)
+        ct, body = package({"a@test": OCTETS}, root=secured)
         with pytest.raises(faults.Fault) as caught:
             pipeline.request(body, {"content-type": ct}, Exchange(route))
         assert reason in caught.value.reason

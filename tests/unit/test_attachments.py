@@ -222,7 +222,7 @@ def test_a_plaintext_holding_the_received_boundary_stays_one_part(boundary: str)
     parts = swa.from_parts(package.attachments)
     body = os.urandom(1000) + f"\r\n--{boundary}\r\nContent-ID: <b@test>\r\n\r\n".encode() + os.urandom(1000)
     parts.parts[0].body, parts.parts[0].changed = bytearray(body), True
-    boundary, written_type = mime.rebound(content_type)
+    boundary, written_type = mime.rebound(package)
     again = mime.parse(written_type, b"".join(mime.segments(boundary, swa.to_package(package, parts).parts)), LIMITS)
     assert [p.content_id for p in again.attachments] == ["a@test"]
     assert again.attachments[0].transfer_encoding == "binary" and bytes(again.attachments[0].body) == body

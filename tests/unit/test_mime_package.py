@@ -213,7 +213,7 @@ def test_a_package_written_anew_goes_under_a_boundary_of_its_own() -> None:
     content_type, body = build.mtom({"a@test": b"\x00--" + build.BOUNDARY.encode()[:4]})
     content_type += '; x-note="a \\"quoted\\" \\\\ value"'
     pkg = mime.parse(content_type, body, LIMITS)
-    (first, first_type), (second, _) = mime.rebound(pkg.content_type), mime.rebound(pkg.content_type)
+    (first, first_type), (second, _) = mime.rebound(pkg), mime.rebound(pkg)
     assert len({pkg.boundary, first, second}) == 3
     params = mime.media_type(first_type, "message").params
     assert params == {**mime.media_type(content_type, "message").params, "boundary": first}

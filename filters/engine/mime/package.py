@@ -121,6 +121,7 @@ class Package:
     start: str | None  # the start parameter's Content-ID, without brackets
     boundary: str
     content_type: str  # the outer Content-Type header as received
+    params: Mapping[str, str] | None = None  # its parameters as `parse` read them (None: a package made to be written)
 
     @property
     def parts(self) -> Iterator[Part]:
@@ -171,7 +172,7 @@ def parse(content_type_header: str, body: bytes | memoryview, limits: Limits) ->
     _check_root(root, root_type, outer)
     for p in rest:
         _check_attachment(p, limits)
-    return Package(root, tuple(rest), start, boundary, content_type_header)
+    return Package(root, tuple(rest), start, boundary, content_type_header, outer.params)
 
 
 _LINE_ENDS = re.compile(rb"[\r\n]*")
@@ -363,23 +364,27 @@ def segments(boundary: str, parts: Iterable[Part]) -> Segments:
     return tuple(pieces)
 
 
+_TOKEN_VALUE = re.compile(_TOKEN)
+
+
 def _parameter_value(value: str) -> str:
-    if re.fullmatch(_TOKEN, value):
+    if _TOKEN_VALUE.fullmatch(value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def rebound(content_type: str) -> tuple[str, str]:
+def rebound(package: Package) -> tuple[str, str]:
     """A boundary of the gateway's own, drawn now, and the package's Content-Type (as received: parsed before)
     rendered anew with it. For a package the gateway writes anew: its new bytes (a root re-serialized, parts
     decrypted) are partly the sender's choice, and the sender knew the received boundary. Text the parser saw as
     character references (`&#45;&#45;boundary`) is written back as the characters, and a plaintext is whatever
     was encrypted: under the received boundary either could end a part early, or start parts the gateway never
-    checked, for a lenient reader. 128 random bits drawn after the content exists are in none of it."""
+    checked, for a lenient reader. 128 random bits drawn after the content exists are in none of it. The
+    parameters are those `parse` read (a second parse of the header cost about as much as the rest)."""
     boundary = f"wsgate-{secrets.token_hex(16)}"
-    outer = media_type(content_type, "message")
-    params = {**outer.params, "boundary": boundary}
-    return boundary, "; ".join([outer.essence, *(f"{n}={_parameter_value(v)}" for n, v in params.items())])
+    received = package.params if package.params is not None else media_type(package.content_type, "message").params
+    params = {**received, "boundary": boundary}
+    return boundary, "; ".join(["multipart/related", *(f"{n}={_parameter_value(v)}" for n, v in params.items())])
 
 
 def serialize(package: Package) -> bytes:

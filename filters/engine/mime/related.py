@@ -27,6 +27,9 @@ class Message:
     includes: list[etree._Element] = field(default_factory=list)  # the root's xop:Include elements
     stripped: bool = False  # unreferenced attachments left out (policy `strip`)
     inlined: set[str] = field(default_factory=set)  # the Content-IDs inlined as base64 (policy `inline`)
+    # Whether a request's root is read again before it goes (`resolve`): decrypted content is new XML. A secured
+    # profile clears it where its processing only took its Security header out (SecuredPipeline.process).
+    recheck: bool = True
 
     @property
     def root_bytes(self) -> bytes:
@@ -100,7 +103,7 @@ def forward(env: Envelope, msg: Message, reserialized: bool) -> tuple[bytes | mi
     if reserialized or msg.inlined:
         content_type = charset.content_type(root.content_type, "utf-8", env.version)
         root = mime.with_content(root, env.serialize(), {"Content-Type": content_type})
-    boundary, content_type = mime.rebound(package.content_type)
+    boundary, content_type = mime.rebound(package)
     return mime.segments(boundary, (root, *rest)), content_type
 
 

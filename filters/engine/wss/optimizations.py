@@ -16,7 +16,6 @@ verification, which decides and names the failure."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 from collections.abc import Sequence
@@ -83,7 +82,7 @@ class Optimizations:
             form = c14n.received_form(el)
             if self.on_demand_c14n:
                 self.counts.received += 1
-                if hmac.compare_digest(hashlib.new(c14n.HASHES[algorithm], form).digest(), expected):
+                if hmac.compare_digest(c14n.HASHES[algorithm](form).digest(), expected):
                     self.counts.canonical += 1
                     self._count("on_demand_c14n", "canonical")
                     return True, None

@@ -556,13 +556,12 @@ def _verify_with_attachments(
     covered: list[tuple[attachments.Attachment, str]] = []
     signed: list[etree._Element] = []
     for ref, target in zip(children[2:], ids, strict=True):
-        method, digest_value = _children(ref)[-2:]
-        name = DIGEST_NAMES[method.get("Algorithm") or ""]
-        expected = values.base64_bytes(digest_value, "ds:DigestValue")
         if target.startswith("cid:"):
+            transforms, method, digest_value = _children(ref)  # _check_reference: one SwA transform
+            expected = values.base64_bytes(digest_value, "ds:DigestValue")
             part = parts.by_uri(target)
-            transform = _children(_children(ref)[0])[0].get("Algorithm") or ""
-            got = attachments.digest(part, transform, name)
+            transform = _children(transforms)[0].get("Algorithm") or ""
+            got = attachments.digest(part, transform, DIGEST_NAMES[method.get("Algorithm") or ""])
             covered.append((part, attachments.SIGNATURE_TRANSFORMS[transform]))
         else:
             plan = _direct_reference(ref)
@@ -570,8 +569,9 @@ def _verify_with_attachments(
                 raise faults.security(
                     "InvalidSecurity", f"reference #{target[:80]} beside attachments: not one exclusive C14N"
                 )
+            prefixes, name, expected = plan
             el = next(elements)
-            got = c14n.digest(el, plan[0], name)
+            got = c14n.digest(el, prefixes, name)
             signed.append(el)
         if not hmac.compare_digest(got, expected):
             raise faults.security("FailedCheck", f"reference {target[:80]}: digest mismatch")

@@ -115,6 +115,7 @@ class Verified:
     username: str | None = None
     timestamp: timestamp.Window | None = None
     decrypted_body: bool = False
+    decrypted: bool = False  # XML decrypted into the envelope (the Body's or any other): new content to check
     context: sc.Context | None = None  # the security context whose derived keys the message used
     # Replay keys of a deferred store: the message passes only if it is the first to set every one of them.
     replay_keys: list[DeferredKey] = field(default_factory=list)
@@ -438,6 +439,7 @@ def _decrypt_reference(st: _State, ref_id: str, secret: bytes | None) -> None:
     landing = encryption.decrypt_data(ed, secret, st.req.encryption.data_algorithms, st.req.limits)
     drop_comments(parent)  # decrypted content is read and forwarded like the rest
     st.decrypted.append((parent, landing, was_signed))
+    st.out.decrypted = True
     for node in landing:
         if node is not parent:  # Type Element: this element itself was encrypted
             st.decrypted_with[node] = secret
@@ -571,6 +573,7 @@ def _encrypted_assertion(st: _State, el: etree._Element) -> bool:
     if len(landing) != 1 or landing[0].tag != saml.ASSERTION2:
         raise faults.security("InvalidSecurity", "EncryptedAssertion does not hold one saml:Assertion")
     drop_comments(landing[0])
+    st.out.decrypted = True
     el.addnext(landing[0])
     xmlsupport.remove(el, blank_tail=False)
     return True
