@@ -374,8 +374,9 @@ def test_decrypted_content_parsed_whole_only_where_the_bytes_bound_it(monkeypatc
 
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 def test_header_and_body_are_the_envelopes_own_children_never_a_nested_or_foreign_copy(version: str) -> None:
-    """Envelope.header and .body look among the envelope's own children (xmlsupport.child), in its version's
-    namespace: a Header or Body nested in a header block, or in the other SOAP version's namespace, is never it."""
+    """Envelope.header and .body look among the envelope's own children (the first two, then the rest), in its
+    version's namespace: a Header or Body nested in a header block, or in the other SOAP version's namespace, is
+    never it; in any order and place, the first one is."""
     soap, other = (ns.SOAP11, ns.SOAP12) if version == "1.1" else (ns.SOAP12, ns.SOAP11)
     root = etree.fromstring(
         f'<s:Envelope xmlns:s="{soap}" xmlns:o="{other}"><!-- c --><o:Header/><o:Body/>'
@@ -387,3 +388,8 @@ def test_header_and_body_are_the_envelopes_own_children_never_a_nested_or_foreig
     assert env.header is None
     made = env.ensure_header()
     assert made is root[0] and made.tag == f"{{{soap}}}Header" and env.header is made
+    for order in ("<s:Body/><s:Header/>", "<!-- c --><s:Body/><s:Header/>", "<s:Body/><!-- c --><s:Header/>"):
+        swapped = Envelope(root=etree.fromstring(f'<s:Envelope xmlns:s="{soap}">{order}<s:Body/></s:Envelope>'),
+                           version=version)  # fmt: skip
+        kids = [c for c in swapped.root if isinstance(c.tag, str)]
+        assert swapped.body is kids[0] and swapped.header is kids[1]

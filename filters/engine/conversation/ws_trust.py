@@ -92,13 +92,13 @@ SAML_ISSUE_REPLY_ACTION = f"{WST_1_3}/RSTRC/IssueFinal"
 MAX_APPLIES_TO = 1024
 
 
+_RST_TAGS = frozenset(ns.q(wst, "RequestSecurityToken") for wst in BY_WST)  # compared as strings: no QName per message
+
+
 def find_rst(env: Envelope) -> etree._Element | None:
     """The Body's wst:RequestSecurityToken (either version) when it is the Body's one element, else None."""
     children = child_elements(env.body)
-    if len(children) != 1:
-        return None
-    qn = etree.QName(children[0])
-    return children[0] if qn.localname == "RequestSecurityToken" and qn.namespace in BY_WST else None
+    return children[0] if len(children) == 1 and children[0].tag in _RST_TAGS else None
 
 
 def parse_rst(el: etree._Element) -> Rst:

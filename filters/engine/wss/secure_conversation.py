@@ -437,8 +437,10 @@ def names_sct(str_el: etree._Element, local: Mapping[str, Sct]) -> Version | Non
 def in_context(security: etree._Element, *, direct: bool) -> bool:
     """Whether a message claims a security context: a DerivedKeyToken in its Security header, or, where the
     context's own key may be used (`direct`), an SCT there or a reference with the SCT token type."""
-    if any(is_dkt(c) or (direct and is_sct(c)) for c in security.iterchildren()):
-        return True
+    tags = _TOKEN_TAGS if direct else _DKT_TAGS
+    for c in security:  # a loop, not any() over a generator of is_dkt/is_sct calls: a third of the cost
+        if c.tag in tags:  # a comment's or PI's tag is a function: in no set of names
+            return True
     return direct and any(r.get("ValueType") in _BY_SCT_TYPE for r in security.iter(_REFERENCE))
 
 
@@ -459,6 +461,7 @@ class DerivedKeyToken(NamedTuple):
 
 
 _DKT_TAGS = {ns.q(v.wsc, "DerivedKeyToken") for v in VERSIONS}
+_TOKEN_TAGS = frozenset(_DKT_TAGS | _SCT_TAGS)
 _DKT_PARAMETERS = ("Generation", "Offset", "Length", "Label", "Nonce")
 
 

@@ -164,14 +164,17 @@ class _State:
     out: Verified = field(default_factory=Verified)
 
 
+_ROLE = {"1.1": ns.q(ns.SOAP11, "actor"), "1.2": ns.q(ns.SOAP12, "role")}  # who a header block is for
+_ULTIMATE = frozenset({None, "", "http://www.w3.org/2003/05/soap-envelope/role/ultimateReceiver"})
+
+
 def find_security(env: Envelope) -> etree._Element | None:
     """The one wsse:Security header addressed to us (no actor/role, or the ultimate receiver's)."""
     header = env.header
     if header is None:
         return None
-    role_attr = ns.q(env.soap_ns, "role" if env.version == "1.2" else "actor")
-    ultimate = {None, "", "http://www.w3.org/2003/05/soap-envelope/role/ultimateReceiver"}
-    ours = [h for h in header.iterchildren(SECURITY) if h.get(role_attr) in ultimate]
+    role_attr = _ROLE[env.version]
+    ours = [h for h in header.iterchildren(SECURITY) if h.get(role_attr) in _ULTIMATE]
     if len(ours) > 1:
         raise faults.security("InvalidSecurity", f"{len(ours)} wsse:Security headers for the same role")
     return ours[0] if ours else None

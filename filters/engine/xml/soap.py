@@ -29,11 +29,11 @@ class Envelope:
 
     @property
     def header(self) -> etree._Element | None:
-        return child(self.root, _HEADER[self.version])
+        return _first(self.root, _HEADER[self.version])
 
     @property
     def body(self) -> etree._Element:
-        body = child(self.root, _BODY[self.version])
+        body = _first(self.root, _BODY[self.version])
         assert body is not None  # threat_protection.parse_envelope guarantees one Body
         return body
 
@@ -50,6 +50,16 @@ class Envelope:
 
     def serialize(self) -> bytes:
         return etree.tostring(self.root, xml_declaration=False, encoding="utf-8")
+
+
+def _first(root: etree._Element, tag: str) -> etree._Element | None:
+    """The Envelope's first child named `tag`. Header and Body are its first two children in any ordinary message:
+    those are compared first (half the cost of lxml's tag-matching iterator, which both properties paid a dozen
+    times per exchange); the iterator, in C, searches any others."""
+    for c in root[:2]:
+        if c.tag == tag:
+            return c
+    return child(root, tag) if len(root) > 2 else None
 
 
 def version_from_content_type(content_type: str | None) -> str:
