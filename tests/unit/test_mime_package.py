@@ -27,7 +27,7 @@ def test_mtom_package_parses_into_root_and_attachments() -> None:
     assert bytes(pkg.attachments[0].body) == b"\x00\x01binary\r\n--not-the-boundary"
     assert isinstance(pkg.attachments[1].body, memoryview)  # a slice of the body, not a copy
     assert mime.find(pkg, "cid:b%40test") is pkg.attachments[1]
-    assert mime.find(pkg, "cid:root.message@test") is None and mime.names_root(pkg, "cid:root.message@test")
+    assert mime.find(pkg, "cid:root.message@test") is None and mime.cid("cid:root.message@test") == pkg.root.content_id
 
 
 def test_serialize_is_byte_exact_for_untouched_parts() -> None:

@@ -333,18 +333,13 @@ def cid(url: str) -> str | None:
 
 def find(package: Package, url_or_id: str) -> Part | None:
     """The attachment a `cid:` URL (or a bare Content-ID) names; None if none does. The root is not an attachment:
-    a reference to it is the caller's to refuse (`names_root`)."""
+    a reference to it is the caller's to refuse (xop.references)."""
     return attachment(package, cid(url_or_id) if url_or_id[:4].lower() == "cid:" else url_or_id)
 
 
 def attachment(package: Package, content_id: str | None) -> Part | None:
     """The attachment with this Content-ID (None: none has it)."""
     return next((p for p in package.attachments if p.content_id == content_id), None) if content_id else None
-
-
-def names_root(package: Package, url_or_id: str) -> bool:
-    wanted = cid(url_or_id) if url_or_id[:4].lower() == "cid:" else url_or_id
-    return package.root.content_id is not None and wanted == package.root.content_id
 
 
 def _header_block(part: Part) -> bytes | memoryview:
