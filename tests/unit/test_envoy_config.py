@@ -138,6 +138,12 @@ def test_routes_taking_attachments_are_streamed_both_ways_and_others_buffered(tm
         entry = by_name[buffered]
         assert "processing_mode" not in entry["typed_per_filter_config"][envoy_config.EXT_PROC]["overrides"]
         assert entry["request_body_buffer_limit"] == 10 * 1024 * 1024
+    # A streamed route's backend is read in small pieces (each chunk the frame copies is held twice a moment); a
+    # buffered route's reply must fit whole.
+    clusters = {c["name"]: c for c in yaml.safe_load(files["cds.yaml"])["resources"]}
+    assert clusters["upstream_docs"]["per_connection_buffer_limit_bytes"] == envoy_config.STREAMED_UPSTREAM_BUFFER_BYTES
+    for buffered in ("soap", "legacy"):
+        assert clusters[f"upstream_{buffered}"]["per_connection_buffer_limit_bytes"] == 10 * 1024 * 1024 + 65536
 
 
 def test_render_cli_prints_all_files() -> None:
