@@ -102,7 +102,7 @@ lint: $(STAMP)
 	$(BIN)/python -m mypy.stubtest wsgate_frame --allowlist $(FRAME)/stubtest-allowlist.txt
 	$(BIN)/mypy filters/worker.py
 	cd $(FRAME) && cargo fmt --check
-	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo clippy -q --release --locked -- -D warnings
+	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo clippy -q --release --locked --all-targets -- -D warnings
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -224,14 +224,18 @@ mod tests {
 
     impl Redis {
         fn start(port: u16) -> Redis {
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .stdout(Stdio::null())
-                .spawn()
-                .expect("redis-server is needed: apt-get install -y redis-server");
+            // Owned at once: a server that never answers is killed (Drop) when the panic below unwinds.
+            let redis = Redis(
+                Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .expect("redis-server is needed: apt-get install -y redis-server"),
+                port,
+            );
             for _ in 0..100 {
                 if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Redis(child, port);
+                    return redis;
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
