@@ -57,6 +57,7 @@ DEFAULT_CONTENT_TYPE = 'text/plain;charset="us-ascii"'
 _CASELESS_PARAMS = {"charset", "creation-date", "filename", "modification-date", "padding", "read-date", "size", "type"}
 _XML_TYPE = re.compile(r"(?i)(text/xml|application/xml|(application|image)/.*\+xml)")
 _TEXT_TYPE = re.compile(r"(?i)text/")
+_TRANSFORMED_TYPE = re.compile(r"(?i)(text/|application/xml|(application|image)/.*\+xml)")  # either of the two
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
 _BROKEN_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _NOT_BARE_IN_URI = re.compile(r"[^\w.@\-!$&'*+=^`{|}~]")  # a Content-ID's characters a cid: URI escapes
@@ -85,10 +86,13 @@ class Attachment:
 
     def header(self, name: str) -> str | None:
         name = name.lower()
-        found = [v for n, v in self.headers if n.lower() == name]
-        if len(found) > 1:
-            raise faults.security("InvalidSecurity", f"attachment {self.content_id[:80]!r}: {name} twice")
-        return found[0] if found else None
+        found = None
+        for n, v in self.headers:  # a loop, not a list: read for every attachment of every message
+            if n.lower() == name:
+                if found is not None:
+                    raise faults.security("InvalidSecurity", f"attachment {self.content_id[:80]!r}: {name} twice")
+                found = v
+        return found
 
     @property
     def content_type(self) -> str:
@@ -360,6 +364,9 @@ def digest(attachment: Attachment, transform: str, algorithm: str) -> bytes:
     h = c14n.HASHES[algorithm]()
     if SIGNATURE_TRANSFORMS[transform] == "complete":
         h.update(canonical_headers(attachment.headers))
+    if not _TRANSFORMED_TYPE.match(attachment.content_type):
+        h.update(attachment.body)  # the usual content: digested as it travels, no generator around it
+        return h.digest()
     for piece in content_form(attachment):
         h.update(piece)
     return h.digest()
