@@ -163,8 +163,8 @@ _SPLIT_URLS = [
     + [f'<R xmlns="urn:r" href="{url}"/>' for url in _SPLIT_URLS if "<" not in url],
 )
 def test_a_cid_reference_spelled_without_cid_colon_bytes_is_still_checked(doc: str) -> None:
-    """The root's bytes decide whether its values are read at all (xop.may_hold_url): a URL with no "cid:" in
-    them as such is read all the same."""
+    """A URL whose "cid:" is nowhere in the root's bytes as such (a character reference, text split by markup)
+    names a part all the same: checked like any other."""
     root = build.envelope(doc)
     assert b"cid:" not in root.lower()
     ct, body = build.swa({"a@test": OCTETS}, root=root)

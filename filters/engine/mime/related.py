@@ -64,8 +64,7 @@ def check(msg: Message, env: Envelope, policy: Attachments) -> None:
     declared = SOAP_TYPES.get(soap.essence)
     if declared != env.version:
         raise mime.refused(f"root part declared SOAP {declared}, the envelope is SOAP {env.version}")
-    # The root as received: its bytes, where the parser read them as they are (UTF-8), tell whether to read it.
-    named = resolve(msg, env, msg.root_bytes if env.encoding == "utf-8" else None)
+    named = resolve(msg, env)
     unnamed = [p for p in msg.package.attachments if p.content_id not in named]
     if unnamed and policy.unreferenced == "refuse":
         raise mime.refused(f"{len(unnamed)} attachments no cid: reference names")
@@ -74,12 +73,12 @@ def check(msg: Message, env: Envelope, policy: Attachments) -> None:
         msg.package, msg.stripped = replace(msg.package, attachments=kept), True
 
 
-def resolve(msg: Message, env: Envelope, received: bytes | None = None) -> set[str]:
+def resolve(msg: Message, env: Envelope) -> set[str]:
     """The Content-IDs the root names now, every xop:Include and `cid:` URL checked: what a backend would resolve
     must be what the gateway checked. Again after a secured profile has processed the root: decrypted content is
-    new XML. `received`: the UTF-8 bytes the root was parsed from (xop.references)."""
+    new XML."""
     msg.includes = xop.check_includes(env.root, msg.package, msg.xop)
-    return xop.references(env.root, msg.package, received)
+    return xop.references(env.root, msg.package)
 
 
 def inline(msg: Message) -> None:

@@ -60,22 +60,10 @@ def _may_name_a_part(strings: list[str]) -> bool:
     return "d:" in joined or "D:" in joined or "\0:" in joined
 
 
-def may_hold_url(utf8: bytes) -> bool:
-    """Whether the document parsed from `utf8` (the bytes the parser read) may hold a `cid:` URL: one byte search
-    per spelling, where `cid_urls` reads every value and text node. Such a URL's colon follows a "d" or "D" in the
-    joined text; in the bytes it is written right after that letter, or after markup that split the text (the ">"
-    ending a comment, PI or CDATA section, the "[" opening one), or it or the letter is a character reference.
-    (Entities are refused before parsing; UTF-8 writes neither byte inside another character.) A superset."""
-    return b"d:" in utf8 or b"D:" in utf8 or b">:" in utf8 or b"[:" in utf8 or b"&#" in utf8
-
-
-def references(root: etree._Element, package: mime.Package, received: bytes | None = None) -> set[str]:
+def references(root: etree._Element, package: mime.Package) -> set[str]:
     """The Content-IDs of the attachments the root part names. A `cid:` URL that names no attachment, or the root
-    part itself, is refused: a reader could resolve it to something the gateway never checked. `received`: the
-    UTF-8 bytes `root` was parsed from, unchanged since (None: the tree is read whole)."""
+    part itself, is refused: a reader could resolve it to something the gateway never checked."""
     named: set[str] = set()
-    if received is not None and not may_hold_url(received):
-        return named  # no cid: URL can be in it (a reply naming its parts nowhere, an envelope without references)
     for url in cid_urls(root):  # each starts with "cid:", in some case
         wanted = mime.cid(url)
         if wanted is not None and wanted == package.root.content_id:
