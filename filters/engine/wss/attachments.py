@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import dataclasses
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -143,7 +142,7 @@ def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
         headers = [(n, v) for n, v in new.headers if n.lower() != "content-transfer-encoding"]
         headers.append(("Content-Transfer-Encoding", "binary"))
         out.append(mime.Part(tuple(headers), new.content_id, new.content_type, new.body, None))
-    return dataclasses.replace(package, attachments=tuple(out))
+    return package.with_attachments(tuple(out))
 
 
 @dataclass(frozen=True)
@@ -521,7 +520,8 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
     view[: len(iv)] = iv
     at = len(iv)
     for piece in (head, part.body, tail):
-        at += encryptor.update_into(piece, view[at:])
+        if piece:  # GCM has no tail, Content-Only no head: no call for them
+            at += encryptor.update_into(piece, view[at:])
     encryptor.finalize()  # nothing is held back: GCM streams, the CBC plaintext is whole blocks by now
     if alg.gcm:
         view[at : at + encryption.GCM_TAG] = encryptor.tag

@@ -118,7 +118,11 @@ class VerifiedSignature:
 
 
 def _children(el: etree._Element) -> list[etree._Element]:
-    return [c for c in el if isinstance(c.tag, str)]
+    return list(el.iterchildren(etree.Element))  # elements only, filtered in C: a third cheaper than isinstance
+
+
+def _has_children(el: etree._Element) -> bool:
+    return len(el) > 0 and next(el.iterchildren(etree.Element), None) is not None  # most have none: len() says so
 
 
 def id_index(root: etree._Element) -> dict[str, etree._Element]:
@@ -165,7 +169,7 @@ def _check_reference(ref: etree._Element, digests: dict[str, xmlsec.Transform], 
     tags = [p.tag for p in parts]
     if attachment:  # exactly one SwA transform, without parameters (attachments.py)
         steps = _children(parts[0]) if tags and tags[0] == _ds("Transforms") else []
-        if len(steps) != 1 or steps[0].tag != _ds("Transform") or _children(steps[0]):
+        if len(steps) != 1 or steps[0].tag != _ds("Transform") or _has_children(steps[0]):
             raise faults.security("InvalidSecurity", f"reference {uri[:80]!r} must have one SwA transform")
         if steps[0].get("Algorithm") not in attachments.SIGNATURE_TRANSFORMS:
             raise faults.security("UnsupportedAlgorithm", f"attachment transform {steps[0].get('Algorithm')!r:.120}")
@@ -189,7 +193,7 @@ def _check_reference(ref: etree._Element, digests: dict[str, xmlsec.Transform], 
             "InvalidSecurity", f"reference {target[:80]} is not Transforms?, DigestMethod, DigestValue"
         )
     digest = _algorithm(parts[0], digests, "digest method")
-    if _children(parts[0]):
+    if _has_children(parts[0]):
         raise faults.security("InvalidSecurity", "ds:DigestMethod has unexpected parameters")
     if len(values.base64_bytes(parts[1], "ds:DigestValue")) != DIGEST_SIZES[digest.href]:
         raise faults.security("InvalidSecurity", f"reference {target[:80]}: DigestValue of the wrong length")
@@ -227,7 +231,7 @@ def _check_signature(
     algorithm = allowed.get(uri)
     if algorithm is None:
         raise faults.security("UnsupportedAlgorithm", f"signature method {uri[:120]!r} is not allowed")
-    if _children(info[1]):
+    if _has_children(info[1]):
         raise faults.security("InvalidSecurity", "ds:SignatureMethod has unexpected parameters")
     # The key decides the algorithm family, never the message: no HMAC keyed with a public certificate.
     hmac_key = isinstance(key, bytes)
