@@ -13,6 +13,7 @@ Content-IDs are kept without their angle brackets; `cid:` URLs (RFC 2392) are pe
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -366,10 +367,11 @@ def segments(boundary: str, parts: Iterable[Part]) -> Segments:
 _TOKEN_VALUE = re.compile(_TOKEN)
 
 
-def _parameter_value(value: str) -> str:
+@functools.lru_cache(maxsize=64)  # the parameters but the boundary recur message after message
+def _parameter(name: str, value: str) -> str:
     if _TOKEN_VALUE.fullmatch(value):
-        return value
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return f"{name}={value}"
+    return f'{name}="' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def rebound(package: Package) -> tuple[str, str]:
@@ -382,8 +384,12 @@ def rebound(package: Package) -> tuple[str, str]:
     parameters are those `parse` read (a second parse of the header cost about as much as the rest)."""
     boundary = f"wsgate-{os.urandom(16).hex()}"  # secrets.token_hex's own bytes, without its two calls around
     received = package.params if package.params is not None else media_type(package.content_type, "message").params
-    params = {**received, "boundary": boundary}
-    return boundary, "; ".join(["multipart/related", *(f"{n}={_parameter_value(v)}" for n, v in params.items())])
+    params = ["multipart/related"]
+    for name, value in received.items():  # in their order, the boundary where it was (a token: as it is)
+        params.append(f"boundary={boundary}" if name == "boundary" else _parameter(name, value))
+    if "boundary" not in received:
+        params.append(f"boundary={boundary}")
+    return boundary, "; ".join(params)
 
 
 def serialize(package: Package) -> bytes:
