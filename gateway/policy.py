@@ -203,9 +203,11 @@ class AttachmentSecurity(Strict):
 
     def must_sign_type(self, content_type: str) -> bool:
         """Whether an attachment of this Content-Type (parameters ignored) must be signed."""
+        ranges = self.must_sign
+        if "*/*" in ranges:  # the usual policy: no parsing (a generator over the ranges cost 17K instructions)
+            return True
         mime = content_type.split(";", 1)[0].strip().lower()
-        family = mime.split("/", 1)[0] + "/*"
-        return any(r in ("*/*", mime, family) for r in self.must_sign)
+        return mime in ranges or mime.split("/", 1)[0] + "/*" in ranges
 
 
 class RevocationPolicy(Strict):

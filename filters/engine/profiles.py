@@ -91,7 +91,7 @@ def with_parts(env: Envelope, msg: related.Message | None, work: Callable[[attac
     if expanded:
         msg.includes, gone = attachments.restore_xop(expanded, env.root)
         kept = tuple(p for p in msg.package.attachments if p.content_id not in gone)
-        msg.package = replace(msg.package, attachments=kept)
+        msg.package = msg.package.with_attachments(kept)
     return result
 
 

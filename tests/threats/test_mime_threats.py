@@ -147,6 +147,30 @@ def test_a_cid_reference_in_another_spelling_is_still_checked(named: str) -> Non
     assert "reference to no part" in _refused(MTOM_TYPE, build.package([_xop_part(build.envelope(doc)), _att()]))
 
 
+_SPLIT_URLS = [
+    "cid&#58;missing@test",  # the colon a character reference
+    "ci&#x64;:missing@test",  # the letter before it one
+    "CI&#68;&#x3A;missing@test",
+    "cid<!---->:missing@test",  # markup between the letter and the colon
+    "cid<![CDATA[:missing@test]]>",
+    "<![CDATA[cid]]>:missing@test",
+]
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [f'<R xmlns="urn:r">{url}</R>' for url in _SPLIT_URLS]
+    + [f'<R xmlns="urn:r" href="{url}"/>' for url in _SPLIT_URLS if "<" not in url],
+)
+def test_a_cid_reference_spelled_without_cid_colon_bytes_is_still_checked(doc: str) -> None:
+    """A URL whose "cid:" is nowhere in the root's bytes as such (a character reference, text split by markup)
+    names a part all the same: checked like any other."""
+    root = build.envelope(doc)
+    assert b"cid:" not in root.lower()
+    ct, body = build.swa({"a@test": OCTETS}, root=root)
+    assert "reference to no part" in _refused(ct, body, unreferenced="forward")
+
+
 def test_a_part_named_by_content_location_is_refused() -> None:
     assert "Content-Location" in _refused(*_mtom(_att(Content_Location="doc.pdf")))
 

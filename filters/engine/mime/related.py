@@ -5,7 +5,7 @@ envelope, the attachments travel past it byte for byte, as the route's `attachme
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from lxml import etree
 
@@ -70,7 +70,7 @@ def check(msg: Message, env: Envelope, policy: Attachments) -> None:
         raise mime.refused(f"{len(unnamed)} attachments no cid: reference names")
     if unnamed and policy.unreferenced == "strip":
         kept = tuple(p for p in msg.package.attachments if p.content_id in named)
-        msg.package, msg.stripped = replace(msg.package, attachments=kept), True
+        msg.package, msg.stripped = msg.package.with_attachments(kept), True
 
 
 def resolve(msg: Message, env: Envelope) -> set[str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import dataclasses
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -57,6 +56,7 @@ DEFAULT_CONTENT_TYPE = 'text/plain;charset="us-ascii"'
 _CASELESS_PARAMS = {"charset", "creation-date", "filename", "modification-date", "padding", "read-date", "size", "type"}
 _XML_TYPE = re.compile(r"(?i)(text/xml|application/xml|(application|image)/.*\+xml)")
 _TEXT_TYPE = re.compile(r"(?i)text/")
+_TRANSFORMED_TYPE = re.compile(r"(?i)(text/|application/xml|(application|image)/.*\+xml)")  # either of the two
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
 _BROKEN_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _NOT_BARE_IN_URI = re.compile(r"[^\w.@\-!$&'*+=^`{|}~]")  # a Content-ID's characters a cid: URI escapes
@@ -85,10 +85,13 @@ class Attachment:
 
     def header(self, name: str) -> str | None:
         name = name.lower()
-        found = [v for n, v in self.headers if n.lower() == name]
-        if len(found) > 1:
-            raise faults.security("InvalidSecurity", f"attachment {self.content_id[:80]!r}: {name} twice")
-        return found[0] if found else None
+        found = None
+        for n, v in self.headers:  # a loop, not a list: read for every attachment of every message
+            if n.lower() == name:
+                if found is not None:
+                    raise faults.security("InvalidSecurity", f"attachment {self.content_id[:80]!r}: {name} twice")
+                found = v
+        return found
 
     @property
     def content_type(self) -> str:
@@ -139,7 +142,7 @@ def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
         headers = [(n, v) for n, v in new.headers if n.lower() != "content-transfer-encoding"]
         headers.append(("Content-Transfer-Encoding", "binary"))
         out.append(mime.Part(tuple(headers), new.content_id, new.content_type, new.body, None))
-    return dataclasses.replace(package, attachments=tuple(out))
+    return package.with_attachments(tuple(out))
 
 
 @dataclass(frozen=True)
@@ -360,6 +363,9 @@ def digest(attachment: Attachment, transform: str, algorithm: str) -> bytes:
     h = c14n.HASHES[algorithm]()
     if SIGNATURE_TRANSFORMS[transform] == "complete":
         h.update(canonical_headers(attachment.headers))
+    if not _TRANSFORMED_TYPE.match(attachment.content_type):
+        h.update(attachment.body)  # the usual content: digested as it travels, no generator around it
+        return h.digest()
     for piece in content_form(attachment):
         h.update(piece)
     return h.digest()
@@ -514,7 +520,8 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
     view[: len(iv)] = iv
     at = len(iv)
     for piece in (head, part.body, tail):
-        at += encryptor.update_into(piece, view[at:])
+        if piece:  # GCM has no tail, Content-Only no head: no call for them
+            at += encryptor.update_into(piece, view[at:])
     encryptor.finalize()  # nothing is held back: GCM streams, the CBC plaintext is whole blocks by now
     if alg.gcm:
         view[at : at + encryption.GCM_TAG] = encryptor.tag
