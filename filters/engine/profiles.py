@@ -146,14 +146,21 @@ class SecuredPipeline(RoutePipeline):
         return self.deliver(env, verified, verified.subject, headers, ex)
 
     def process(
-        self, env: Envelope, ex: Exchange, req: wssecurity.Requirements, creds: wssecurity.Credentials, now: datetime
+        self,
+        env: Envelope,
+        ex: Exchange,
+        req: wssecurity.Requirements,
+        creds: wssecurity.Credentials,
+        now: datetime,
+        security: etree._Element | None = None,
     ) -> wssecurity.Verified:
         """The Security header, with a multipart request's attachments (see `with_parts`). Where it decrypted
         nothing into the envelope and no part left with its header (`restore_xop`), the root only lost that header:
-        its `cid:` references are those `related.check` read, and `send` does not read them again."""
+        its `cid:` references are those `related.check` read, and `send` does not read them again. `security`:
+        the header, where the caller found it already (wssecurity.process)."""
         msg = ex.request_mime
         count = len(msg.package.attachments) if msg is not None else 0
-        verified = with_parts(env, msg, lambda parts: wssecurity.process(env, req, creds, now, parts))
+        verified = with_parts(env, msg, lambda parts: wssecurity.process(env, req, creds, now, parts, security))
         if msg is not None:
             msg.recheck = verified.decrypted or len(msg.package.attachments) != count
         return verified
@@ -286,9 +293,9 @@ class SecureConversationPipeline(SecuredPipeline):
         now = datetime.now(UTC)
         with metrics.stage(route, "security_header"):
             if in_context:
-                verified = self.process(env, ex, self.in_context, self.context_credentials, now)
+                verified = self.process(env, ex, self.in_context, self.context_credentials, now, security)
             else:
-                verified = self.process(env, ex, self.requirements, self.credentials, now)
+                verified = self.process(env, ex, self.requirements, self.credentials, now, security)
         check_structure(env.root)
         rst = ws_trust.find_rst(env)
         if rst is not None:
@@ -396,7 +403,7 @@ class SamlPipeline(SecuredPipeline):
         security = wssecurity.find_security(env)
         now = datetime.now(UTC)
         with metrics.stage(route, "security_header"):
-            verified = wssecurity.process(env, self.requirements, self.credentials, now)
+            verified = wssecurity.process(env, self.requirements, self.credentials, now, security=security)
             assertion = verified.assertion
             if assertion is None or security is None:
                 raise faults.security("InvalidSecurity", "saml route: no SAML assertion")

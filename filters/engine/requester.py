@@ -353,7 +353,9 @@ class Requester:
         try:
             # The reply's attachments (its signature may cover them; MTOM content is read expanded, as signed).
             attachments.expand_xop(xop.includes(env.root), parts)
-            verified = wssecurity.process(env, requirements, creds, datetime.now(UTC), attachments.from_parts(parts))
+            verified = wssecurity.process(
+                env, requirements, creds, datetime.now(UTC), attachments.from_parts(parts), security
+            )
             if isinstance(self.replay, DeferredReplay):  # replies are rare enough to settle here, synchronously
                 self.replay.settle(verified.replay_keys, verified.replay_since_ms)
         except faults.Fault as f:

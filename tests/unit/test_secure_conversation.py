@@ -485,8 +485,14 @@ def test_build_dkt_shapes() -> None:
     assert with_generation.key == sc.p_sha1(SECRET, b"L" + NONCE, 48)[32:]
     assert sc.derive(reparsed(el), fixed(context_for(version))).key == with_generation.key
     plain = sc.build_dkt(version, sc.sct_reference(version, identifier="urn:uuid:ctx"), SECRET)
-    assert [etree.QName(c).localname for c in plain.element] == ["SecurityTokenReference", "Offset", "Length", "Nonce"]
-    assert plain.element.findtext(ns.q(version.wsc, "Offset")) == "0"
+    # Offset 0 and Length 32 are the defaults: left out, as WCF leaves them out; read back as such.
+    assert [etree.QName(c).localname for c in plain.element] == ["SecurityTokenReference", "Nonce"]
+    assert (parsed := sc.parse_dkt(reparsed(plain.element))).offset == 0 and parsed.length == sc.DEFAULT_DK_LENGTH
+    assert plain.key == sc.p_sha1(
+        SECRET, sc.DEFAULT_LABEL + b64(plain.element.findtext(ns.q(version.wsc, "Nonce"))), 32
+    )
+    at_offset = sc.build_dkt(version, sc.sct_reference(version, identifier="urn:uuid:ctx"), SECRET, offset=16)
+    assert [etree.QName(c).localname for c in at_offset.element] == ["SecurityTokenReference", "Offset", "Nonce"]
     assert len(b64(plain.element.findtext(ns.q(version.wsc, "Nonce")) or "")) == 16
     with pytest.raises(ValueError):
         sc.build_dkt(version, sc.sct_reference(version, identifier="x"), SECRET, offset=32, generation=1)

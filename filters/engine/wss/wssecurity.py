@@ -186,11 +186,12 @@ def process(
     creds: Credentials,
     now: datetime,
     parts: attachments.Attachments | None = None,
+    security: etree._Element | None = None,
 ) -> Verified:
     """Check the message's Security header against `req`, then remove it. Raises a Fault on any refusal.
     `parts`: the attachments of a multipart message, which signatures may cover and which may arrive encrypted
-    (decrypted in place)."""
-    security = find_security(env)
+    (decrypted in place). `security`: what find_security(env) returned, where the caller looked already."""
+    security = find_security(env) if security is None else security
     if security is None:
         raise faults.security("InvalidSecurity", "no wsse:Security header")
     drop_comments(env.root)
