@@ -286,6 +286,19 @@ def test_dkt_label_and_algorithm() -> None:
         (f"<wsc:Offset>4065</wsc:Offset>{nonce_xml()}", "", "InvalidSecurity"),
         (f"<wsc:Generation>999999</wsc:Generation>{nonce_xml()}", "", "InvalidSecurity"),
         (f"<wsc:Offset>-1</wsc:Offset>{nonce_xml()}", "", "InvalidSecurity"),
+        # Other spellings of a number int() would take: a sign, '_', other scripts' digits, too many digits.
+        *(
+            (f"<wsc:{n}>{v}</wsc:{n}>{nonce_xml()}", "", "InvalidSecurity")
+            for n, v in (
+                ("Length", "+32"),
+                ("Length", "3_2"),
+                ("Length", "\u0663\u0662"),
+                ("Offset", "0000000016"),
+                ("Generation", "\uff11"),
+                ("Offset", "0x10"),
+                ("Length", "32.0"),
+            )
+        ),
         (f"<wsc:Properties/>{nonce_xml()}", "", "InvalidSecurity"),
         (
             f'<old:Nonce xmlns:old="{WSC_2005_02.wsc}">{base64.b64encode(NONCE).decode()}</old:Nonce>',

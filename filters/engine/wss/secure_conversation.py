@@ -112,7 +112,6 @@ _WSU_ID = ns.q(ns.WSU, "Id")
 _STR = ns.q(ns.WSSE, "SecurityTokenReference")
 _REFERENCE = ns.q(ns.WSSE, "Reference")
 _LOCAL_ID = re.compile(r"[^\W\d][\w.\-]*")  # an NCName, as keys.py accepts in '#id' references
-_INTEGER = re.compile(r"[0-9]{1,9}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -271,8 +270,9 @@ def text_of(el: etree._Element, fail: Fail) -> str:
 
 
 def integer_of(el: etree._Element, fail: Fail) -> int:
+    """At most nine ASCII digits (isdigit alone takes other scripts' digits; int() signs, spaces and '_')."""
     text = text_of(el, fail)
-    if not _INTEGER.fullmatch(text):
+    if len(text) > 9 or not text.isascii() or not text.isdigit():
         raise fail(f"{etree.QName(el).localname} is not a small non-negative integer")
     return int(text)
 
@@ -513,13 +513,13 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     source = parse_sct_ref(str_el, version, unknown_source)
     if generation is not None and offset is not None:
         raise _invalid_security("DerivedKeyToken has both Offset and Generation")
-    length = DEFAULT_DK_LENGTH if length_el is None else _small_integer(length_el)
+    length = DEFAULT_DK_LENGTH if length_el is None else integer_of(length_el, _invalid_security)
     if not MIN_DK_LENGTH <= length <= MAX_DK_LENGTH:
         raise _invalid_security(f"DerivedKeyToken Length {length} outside {MIN_DK_LENGTH}..{MAX_DK_LENGTH}")
     # WSE's rule: without an Offset, the key starts at Generation x Length.
-    start = _small_integer(offset) if offset is not None else 0
+    start = integer_of(offset, _invalid_security) if offset is not None else 0
     if generation is not None:
-        start = _small_integer(generation) * length
+        start = integer_of(generation, _invalid_security) * length
     if start + length > MAX_DK_OUTPUT:
         raise _invalid_security(f"DerivedKeyToken asks for {start + length} bytes of P_SHA1 output")
     label = DEFAULT_LABEL if label_el is None else text_of(label_el, _invalid_security).encode()
@@ -529,15 +529,6 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     if len(nonce) < MIN_DK_NONCE_BYTES:
         raise _invalid_security(f"DerivedKeyToken Nonce of {len(nonce)} bytes")
     return DerivedKeyToken(version, el.get(_WSU_ID), source, start, length, label, nonce)
-
-
-def _small_integer(el: etree._Element) -> int:
-    """integer_of for a DerivedKeyToken's parameters (InvalidSecurity), without its regular expression: at most
-    nine ASCII digits, as _INTEGER."""
-    text = text_of(el, _invalid_security)
-    if len(text) > 9 or not text.isascii() or not text.isdigit():
-        raise _invalid_security(f"{etree.QName(el).localname} is not a small non-negative integer")
-    return int(text)
 
 
 def derive_key(dkt: DerivedKeyToken, secret: bytes | KeyedSha1) -> bytes:
