@@ -153,6 +153,10 @@ _CID_XPATH = etree.XPath(
         "<a>cid:x@t<b/></a>",  # text beside an element child: not a leaf's text
         "<a><b>cid:x@t</b><c d='CID:y@t'>cid:z@t</c></a>",
         "<a><!--cid:no@t--></a>",
+        # Colons before the URL's, fewer and more than _may_name_a_part reads one by one, in texts and attributes
+        *(f"<t>{'0:' * n}</t><a>ci<!---->d:x@t</a>" for n in (15, 16, 17, 40)),
+        *(f"<t b='{'0:' * n}'>{'0:' * n}</t><a c='{'p:' * n}cid:y@t'/>" for n in (16, 40)),
+        f"<t>{'0:' * 40}</t>",
     ],
 )
 def test_cid_url_hidden_by_spelling_is_found_as_xpath_reads_it(body: str) -> None:
