@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import IO
 
 from certs import pki
-from gateway.control.supervisor import Gateway, default_workers
+from gateway.control.supervisor import default_workers
 from gateway.policy import load_dir
 from loadtest import outbound
 from loadtest.bench import DEFAULT_OUT, DEFAULT_POLICIES, _init_generator, _make_messages
-from loadtest.bench_gateway import _cpu_seconds, _pids, bench_gateway
+from loadtest.bench_gateway import bench_gateway
 from loadtest.bench_report import BENCH_PROFILES
 from loadtest.messages import HMAC_KEY_NAME
-from loadtest.tracing_ab import COUNTED, _bodies, slice_cost, spread
+from loadtest.tracing_ab import COUNTED, _bodies, role_cpu, slice_cost, spread
 
 TARGET = 1.0  # issue 24: outbound SecureConversation at steady state costs no more than outbound hmac
 PAIRS = tuple((sc, hmac) for sc, hmac, _ in outbound.SC_TARGETS)
@@ -98,9 +98,9 @@ def run(
                 cost = {}
                 for row in pair if i % 2 == 0 else pair[::-1]:
                     url, path = where[row]
-                    before = _role_cpu(gw)
+                    before = role_cpu(gw)
                     seconds, requests = slice_cost(gw, path, prefix[row], threads, connections, slice_s, url)
-                    for role, spent in _role_cpu(gw).items():
+                    for role, spent in role_cpu(gw).items():
                         roles[row][role] += spent - before[role]
                     served[row] += requests
                     cost[row] = seconds / requests
@@ -116,11 +116,6 @@ def run(
         median = statistics.median(rs)
         print(f"#24 target: {sc} <= {hmac}: {median:.3f}x -> {'met' if median <= TARGET else 'MISSED'}", file=log)
     return ratios
-
-
-def _role_cpu(gw: Gateway) -> dict[str, float]:
-    pids = _pids(gw)
-    return {role: sum(_cpu_seconds(pid) for pid in pids[role]) for role in COUNTED}
 
 
 def _pair(text: str) -> tuple[str, str]:

@@ -38,9 +38,14 @@ TARGET = 1.05  # issue 27: spans cost no more than 5% of gateway CPU at the defa
 COUNTED = ("envoy", "filter", "redis")  # the gateway's processes (the backend and the collector are not it)
 
 
-def _cpu(gw: Gateway) -> float:
+def role_cpu(gw: Gateway) -> dict[str, float]:
+    """CPU seconds so far of each of the gateway's roles (COUNTED)."""
     pids = _pids(gw)
-    return sum(_cpu_seconds(pid) for role in COUNTED for pid in pids[role])
+    return {role: sum(_cpu_seconds(pid) for pid in pids[role]) for role in COUNTED}
+
+
+def _cpu(gw: Gateway) -> float:
+    return sum(role_cpu(gw).values())
 
 
 def slice_cost(

@@ -54,9 +54,10 @@ _LISTED = {h.lower(): h for h in LISTED}
 DEFAULT_CONTENT_TYPE = 'text/plain;charset="us-ascii"'
 # Parameters whose values are case-insensitive (lowercased by the canonical form).
 _CASELESS_PARAMS = {"charset", "creation-date", "filename", "modification-date", "padding", "read-date", "size", "type"}
-_XML_TYPE = re.compile(r"(?i)(text/xml|application/xml|(application|image)/.*\+xml)")
+_XML_TYPES = r"text/xml|application/xml|(application|image)/.*\+xml"
+_XML_TYPE = re.compile(rf"(?i)({_XML_TYPES})")
 _TEXT_TYPE = re.compile(r"(?i)text/")
-_TRANSFORMED_TYPE = re.compile(r"(?i)(text/|application/xml|(application|image)/.*\+xml)")  # either of the two
+_TRANSFORMED_TYPE = re.compile(rf"(?i)(text/|{_XML_TYPES})")  # either of the two: one match on the usual path
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
 _BROKEN_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _NOT_BARE_IN_URI = re.compile(r"[^\w.@\-!$&'*+=^`{|}~]")  # a Content-ID's characters a cid: URI escapes

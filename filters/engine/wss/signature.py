@@ -361,9 +361,9 @@ def _prefix_list(ref: etree._Element) -> list[str]:
     return [p for inclusive in ref.iter(INCLUSIVE_NAMESPACES) for p in (inclusive.get("PrefixList") or "").split()]
 
 
-def _direct_reference(ref: etree._Element, expected: bytes) -> tuple[list[str], str, bytes] | None:
-    """(PrefixList, digest name, DigestValue) of a checked ds:Reference whose only transform is exclusive C14N
-    (`expected`: its DigestValue, as _check_reference decoded it); None for any other shape (left to xmlsec)."""
+def _direct_reference(ref: etree._Element) -> tuple[list[str], str] | None:
+    """(PrefixList, digest name) of a checked ds:Reference whose only transform is exclusive C14N; None for any
+    other shape (left to xmlsec). Its DigestValue is the one _check_reference decoded."""
     parts = _children(ref)  # Transforms?, DigestMethod, DigestValue (_check_reference)
     if len(parts) != 3:
         return None  # no transform: inclusive C14N of the node set
@@ -372,7 +372,7 @@ def _direct_reference(ref: etree._Element, expected: bytes) -> tuple[list[str], 
     prefixes = _exclusive_prefixes(steps[0]) if len(steps) == 1 else None
     if prefixes is None:
         return None
-    return prefixes, DIGEST_NAMES[method.get("Algorithm") or ""], expected
+    return prefixes, DIGEST_NAMES[method.get("Algorithm") or ""]
 
 
 def _verify_direct(
@@ -391,14 +391,14 @@ def _verify_direct(
     info = _children(sig)[0]
     parts = _children(info)
     info_prefixes = _exclusive_prefixes(parts[0])
-    plans = [_direct_reference(ref, d) for ref, d in zip(parts[2:], digest_values, strict=True)]
+    plans = [_direct_reference(ref) for ref in parts[2:]]
     if info_prefixes is None or None in plans:
         return None
     learned = []
-    for el, plan in zip(elements, plans, strict=True):
+    for el, plan, expected in zip(elements, plans, digest_values, strict=True):
         assert plan is not None
         # Tokens of the Security header (the Timestamp...) are per message: never worth remembering.
-        ok, memo = optimizations.check(el, *plan, cacheable=el.getparent() is not security)
+        ok, memo = optimizations.check(el, *plan, expected, cacheable=el.getparent() is not security)
         if not ok:
             optimizations.fell_back()
             return False
@@ -440,11 +440,10 @@ def _verify_str_transformed(
         if _str_transformed(ref):
             tokens.append(str_transform.verify(ref, el, dereference, digests))
             continue
-        plan = _direct_reference(ref, digest_value)
+        plan = _direct_reference(ref)
         if plan is None:
             raise faults.security("UnsupportedAlgorithm", "STR-Transform beside a reference not in exclusive C14N")
-        prefixes, digest, expected = plan
-        if not hmac.compare_digest(c14n.digest(el, prefixes, digest), expected):
+        if not hmac.compare_digest(c14n.digest(el, *plan), digest_value):
             raise faults.security("FailedCheck", "signature does not verify: a reference's digest does not match")
     if not _signature_matches(c14n.canonical(info, info_prefixes), key, algorithm, value):
         raise faults.security("FailedCheck", "signature does not verify: SignatureValue")
@@ -568,22 +567,20 @@ def _verify_with_attachments(
     for ref, target, digest_value in zip(children[2:], ids, digest_values, strict=True):
         if target.startswith("cid:"):
             transforms, method, _ = _children(ref)  # _check_reference: one SwA transform
-            expected = digest_value
             part = parts.by_uri(target)
             transform = _children(transforms)[0].get("Algorithm") or ""
             got = attachments.digest(part, transform, DIGEST_NAMES[method.get("Algorithm") or ""])
             covered.append((part, attachments.SIGNATURE_TRANSFORMS[transform]))
         else:
-            plan = _direct_reference(ref, digest_value)
+            plan = _direct_reference(ref)
             if plan is None:
                 raise faults.security(
                     "InvalidSecurity", f"reference #{target[:80]} beside attachments: not one exclusive C14N"
                 )
-            prefixes, name, expected = plan
             el = next(elements)
-            got = c14n.digest(el, prefixes, name)
+            got = c14n.digest(el, *plan)
             signed.append(el)
-        if not hmac.compare_digest(got, expected):
+        if not hmac.compare_digest(got, digest_value):
             raise faults.security("FailedCheck", f"reference {target[:80]}: digest mismatch")
     if not _signature_matches(c14n.canonical(info, info_prefixes), key, algorithm, value):
         raise faults.security("FailedCheck", "signature does not verify: SignatureValue over attachments")
