@@ -110,3 +110,28 @@ def test_outbound_sc_targets_each_against_the_hmac_row_that_protects_alike() -> 
     assert "outbound-sc <=" in like and "0.96x: met" in like and "like for like" in like  # 2500 / 2600
     plain = next(line for line in text.splitlines() if "<= outbound-hmac," in line)
     assert "outbound-sc-signed <=" in plain and "1.05x: MISSED" in plain and "like for like" in plain  # 2100 / 2000
+
+
+def test_attachment_rows_in_blocks_are_held_to_the_median_of_each_rounds_own_difference() -> None:
+    # The machine drifts from round to round (0.1 ms each) and one block of the row meets a burst: the difference
+    # of the four rows' medians takes the drift of another round with it (0.3 ms for a true 0.2 ms), each round's
+    # own difference cancels it, and the burst is one round of five.
+    from loadtest import attachment_gateway as ag
+    from loadtest.attachment_cpu import Floors
+
+    def row(kind: str, size: str, blocks: list[float], pass_through: bool = False) -> ag.Row:
+        cpu = {"envoy": 0.0, "filter": sorted(blocks)[len(blocks) // 2], "redis": 0.0}
+        return ag.Row(kind, size, 20 * len(blocks), cpu, pass_through=pass_through, block_us=blocks)
+
+    drift, burst = [0.0, 100.0, 200.0, 300.0, 400.0], [0.0, 0.0, 250.0, 0.0, 0.0]
+    rows = [row("signed", ag.BASELINE, [1000 + d for d in drift]),
+            row("signed", "100 KB", [1500 + d + b for d, b in zip(drift, burst, strict=True)]),
+            row("signed", ag.BASELINE, [700 + d for d in drift], True),
+            row("signed", "100 KB", [1000 + d for d in drift], True)]  # fmt: skip
+    floors = Floors(sha256=1000.0, gcm=4000.0)
+    (d,) = ag.derive(rows, [], floors)
+    assert d.rounds_us == [200.0, 200.0, 450.0, 200.0, 200.0] and d.attachment_security_us == 200.0
+    assert d.share_us - d.pass_through_share_us == 300.0  # what the rows' medians alone would have said
+    unpaired = [ag.Row(r.kind, r.size, r.requests, r.cpu_us, pass_through=r.pass_through) for r in rows]
+    (u,) = ag.derive(unpaired, [], floors)  # rows not measured in blocks: their own figures
+    assert u.rounds_us == [] and u.attachment_security_us == 300.0
