@@ -230,15 +230,11 @@ def _escape(m: re.Match[str]) -> str:
 
 def _unfold(text: str) -> str:
     """Remove each line break that a space or tab follows, or that ends the value (Jakarta Mail's unfold)."""
-    if "\r" not in text and "\n" not in text:
-        return text
     return re.sub(r"(\r\n|\r|\n)(?=[ \t]|$)", "", text)
 
 
 def _uncomment(text: str) -> str:
     """Remove (comments), nested ones too, outside quoted strings."""
-    if "(" not in text:
-        return text
     out: list[str] = []
     depth = 0
     quoted = False
@@ -289,9 +285,8 @@ def _unquote_inner(text: str) -> str:
 
 
 def _parameters(text: str) -> str:
-    """A Content-Type or Content-Disposition value: the value lowercased, parameters sorted, values quoted."""
-    if ";" not in text:
-        return text
+    """A Content-Type or Content-Disposition value with parameters: the value lowercased, parameters sorted, values
+    quoted."""
     head, *params = text.split(";")
     canonical: dict[str, str] = {}
     for param in params:
@@ -304,7 +299,9 @@ def _parameters(text: str) -> str:
 
 
 def canonical_headers(headers: Sequence[tuple[str, str]]) -> bytes:
-    """The profile's canonical MIME headers (5.4.1) as WSS4J writes them: `Name:value` CRLF each, sorted."""
+    """The profile's canonical MIME headers (5.4.1) as WSS4J writes them: `Name:value` CRLF each, sorted (LISTED
+    is in that order). Folds, comments and parameters are looked for before a call to undo them: the usual part's
+    two headers have none, and the calls and a sort cost half of it (~10K instructions a part, each way)."""
     found: dict[str, str] = {}
     for name, value in headers:
         canonical_name = _LISTED.get(name.strip().lower())
@@ -312,16 +309,25 @@ def canonical_headers(headers: Sequence[tuple[str, str]]) -> bytes:
             continue
         if canonical_name in found:
             raise faults.security("InvalidSecurity", f"{canonical_name} twice in one attachment")
-        unfolded = _unfold(value)
+        if "\r" in value or "\n" in value:
+            value = _unfold(value)
         if canonical_name == "Content-Description":
-            decoded = str(make_header(decode_header(unfolded))) if "=?" in unfolded else unfolded
-            found[canonical_name] = _uncomment(decoded)
+            decoded = str(make_header(decode_header(value))) if "=?" in value else value
+            found[canonical_name] = _uncomment(decoded) if "(" in decoded else decoded
             continue
-        text = _uncomment(unfolded.lstrip(" \t"))
-        found[canonical_name] = _parameters(text) if canonical_name in ("Content-Type", "Content-Disposition") else text
+        text = value.lstrip(" \t")
+        if "(" in text:
+            text = _uncomment(text)
+        if ";" in text and canonical_name in ("Content-Type", "Content-Disposition"):
+            text = _parameters(text)
+        found[canonical_name] = text
     found.setdefault("Content-Type", DEFAULT_CONTENT_TYPE)
-    lines = [f"{name}:{value}" + ("" if value.endswith("\r\n") else "\r\n") for name, value in sorted(found.items())]
-    return "".join(lines).encode("utf-8")
+    out = ""
+    for name in LISTED:
+        value = found.get(name)
+        if value is not None:
+            out += f"{name}:{value}" if value.endswith("\r\n") else f"{name}:{value}\r\n"
+    return out.encode("utf-8")
 
 
 def _chunks(body: bytes | memoryview) -> Iterator[memoryview]:

@@ -26,7 +26,7 @@ import hmac
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import xmlsec
 from cryptography import x509
@@ -101,6 +101,13 @@ _ID_ATTRIBUTES = etree.XPath("//@*[contains('|Id|ID|id|AssertionID|', concat('|'
 SAML_ID_ATTRIBUTES = {ns.q(ns.SAML2, "Assertion"): "ID", ns.q(ns.SAML1, "Assertion"): "AssertionID"}
 
 
+class SwaPlan(NamedTuple):
+    """How an attachment reference is digested: its SwA transform's URI and the hashlib name of its digest."""
+
+    transform: str
+    digest: str
+
+
 @dataclass(frozen=True)
 class VerifiedSignature:
     """A verified signature. `elements` are the very element objects whose digests matched, in reference
@@ -156,12 +163,15 @@ def _check_c14n_children(el: etree._Element, algorithm: xmlsec.Transform, what: 
         raise faults.security("InvalidSecurity", f"{what} has unexpected parameters")
 
 
-def _check_reference(ref: etree._Element, digests: dict[str, xmlsec.Transform], cid: bool) -> tuple[str, bytes]:
-    """The id a ds:Reference points to ("cid:..." for an attachment, where `cid` allows them) and its DigestValue
-    decoded, after checking its URI, transforms and digest method."""
+def _check_reference(
+    ref: etree._Element, digests: dict[str, xmlsec.Transform], cid: bool
+) -> tuple[str, bytes, SwaPlan | None]:
+    """The id a ds:Reference points to ("cid:..." for an attachment, where `cid` allows them), its DigestValue
+    decoded and, for an attachment, how it is digested; after checking its URI, transforms and digest method."""
     uri = ref.get("URI") or ""
-    m = _LOCAL_REF.fullmatch(uri)
     attachment = cid and uri.startswith("cid:")
+    m = None if attachment else _LOCAL_REF.fullmatch(uri)
+    swa_transform = None
     if m is None and not attachment:
         raise faults.security("InvalidSecurity", f"reference URI {uri[:80]!r} is not a same-document '#id'")
     target = uri if attachment else m[1]  # type: ignore[index]
@@ -171,8 +181,9 @@ def _check_reference(ref: etree._Element, digests: dict[str, xmlsec.Transform], 
         steps = _children(parts[0]) if tags and tags[0] == _ds("Transforms") else []
         if len(steps) != 1 or steps[0].tag != _ds("Transform") or _has_children(steps[0]):
             raise faults.security("InvalidSecurity", f"reference {uri[:80]!r} must have one SwA transform")
-        if steps[0].get("Algorithm") not in attachments.SIGNATURE_TRANSFORMS:
-            raise faults.security("UnsupportedAlgorithm", f"attachment transform {steps[0].get('Algorithm')!r:.120}")
+        swa_transform = steps[0].get("Algorithm")
+        if swa_transform not in attachments.SIGNATURE_TRANSFORMS:
+            raise faults.security("UnsupportedAlgorithm", f"attachment transform {swa_transform!r:.120}")
         parts, tags = parts[1:], tags[1:]
     elif tags and tags[0] == _ds("Transforms"):
         transforms = _children(parts[0])
@@ -198,14 +209,14 @@ def _check_reference(ref: etree._Element, digests: dict[str, xmlsec.Transform], 
     expected = values.base64_bytes(parts[1], "ds:DigestValue")
     if len(expected) != DIGEST_SIZES[digest.href]:
         raise faults.security("InvalidSecurity", f"reference {target[:80]}: DigestValue of the wrong length")
-    return target, expected
+    return target, expected, SwaPlan(swa_transform, DIGEST_NAMES[digest.href]) if swa_transform else None
 
 
 def _check_signature(
     sig: etree._Element, key: x509.Certificate | bytes, policy: SignaturePolicy, cid: bool = False
-) -> tuple[str, list[str], bytes, list[bytes]]:
-    """Algorithm name, referenced ids, signature value and the references' DigestValues (decoded: once) of a
-    ds:Signature that passed secure validation."""
+) -> tuple[str, list[str], bytes, list[bytes], list[SwaPlan | None]]:
+    """Algorithm name, referenced ids, signature value, the references' DigestValues (decoded: once) and how each
+    attachment reference is digested (None for the others) of a ds:Signature that passed secure validation."""
     forbidden = next(sig.iter(*FORBIDDEN), None)
     if forbidden is not None:
         raise faults.security("InvalidSecurity", f"{FORBIDDEN[forbidden.tag]} in a signature")
@@ -246,7 +257,7 @@ def _check_signature(
 
     digests = {DIGEST_METHODS[d].href: DIGEST_METHODS[d] for d in policy.digests}
     checked = [_check_reference(r, digests, cid) for r in refs]
-    ids = [target for target, _ in checked]
+    ids = [target for target, _, _ in checked]
     _check_duplicates(refs, ids)
     # The value xmlsec verifies is this one (its text, whole), and the replay store remembers these bytes: a
     # signature has exactly one accepted length (an RSA value as long as the modulus, an HMAC as its hash), so
@@ -254,7 +265,7 @@ def _check_signature(
     value = values.base64_bytes(parts[1], "ds:SignatureValue")
     if len(value) != _signature_length(algorithm, key):
         raise faults.security("InvalidSecurity", f"ds:SignatureValue of {len(value)} bytes for {algorithm}")
-    return algorithm, ids, value, [expected for _, expected in checked]
+    return algorithm, ids, value, [expected for _, expected, _ in checked], [swa for _, _, swa in checked]
 
 
 def _check_duplicates(refs: list[etree._Element], ids: list[str]) -> None:
@@ -484,11 +495,13 @@ def verify(
     `index`: `id_index(env.root)` as the document is now, where the caller made it already (a walk of the
     whole document); None: made here."""
     security = _security_of(sig, env)
-    algorithm, ids, value, digest_values = _check_signature(sig, key, policy, cid=parts is not None)
+    algorithm, ids, value, digest_values, swa = _check_signature(sig, key, policy, cid=parts is not None)
     if index is None:
         index = id_index(env.root)
     if parts is not None and any(i.startswith("cid:") for i in ids):
-        return _verify_with_attachments(sig, env, security, key, algorithm, ids, value, parts, index, digest_values)
+        return _verify_with_attachments(
+            sig, env, security, key, algorithm, ids, value, parts, index, digest_values, swa
+        )
     elements = _signed_elements(ids, index, env, security, sig)
     if any(_str_transformed(r) for r in _children(_children(sig)[0])[2:]):
         tokens = _verify_str_transformed(sig, elements, key, algorithm, value, policy, dereference, digest_values)
@@ -550,6 +563,7 @@ def _verify_with_attachments(
     parts: attachments.Attachments,
     index: dict[str, etree._Element],
     digest_values: list[bytes],
+    swa: list[SwaPlan | None],
 ) -> VerifiedSignature:
     """A signature with `cid:` references, which xmlsec cannot resolve: every digest computed here (the
     attachments' by their SwA transform, the elements' in the one-exclusive-C14N shape WSS4J sends, any other
@@ -564,13 +578,11 @@ def _verify_with_attachments(
     elements = iter(_signed_elements(element_ids, index, env, security, sig))
     covered: list[tuple[attachments.Attachment, str]] = []
     signed: list[etree._Element] = []
-    for ref, target, digest_value in zip(children[2:], ids, digest_values, strict=True):
-        if target.startswith("cid:"):
-            transforms, method, _ = _children(ref)  # _check_reference: one SwA transform
+    for ref, target, digest_value, plan_swa in zip(children[2:], ids, digest_values, swa, strict=True):
+        if plan_swa is not None:  # a cid: reference, its transform and digest method read by _check_reference
             part = parts.by_uri(target)
-            transform = _children(transforms)[0].get("Algorithm") or ""
-            got = attachments.digest(part, transform, DIGEST_NAMES[method.get("Algorithm") or ""])
-            covered.append((part, attachments.SIGNATURE_TRANSFORMS[transform]))
+            got = attachments.digest(part, plan_swa.transform, plan_swa.digest)
+            covered.append((part, attachments.SIGNATURE_TRANSFORMS[plan_swa.transform]))
         else:
             plan = _direct_reference(ref)
             if plan is None:
