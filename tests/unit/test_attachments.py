@@ -129,10 +129,11 @@ def test_two_parts_with_one_content_id_refused() -> None:
         swa.Attachments([_part("a/b", b"1"), _part("a/b", b"2")])
 
 
+@pytest.mark.parametrize("size", [0, 1000, swa.CHUNK, 2 * swa.CHUNK + 7])  # GCM: one call up to CHUNK, then streamed
 @pytest.mark.parametrize("complete", [True, False])
 @pytest.mark.parametrize("algorithm", ["aes256-gcm", "aes128-gcm", "aes256-cbc", "aes128-cbc"])
-def test_attachment_encryption_round_trip(complete: bool, algorithm: str) -> None:
-    body = os.urandom(2 * swa.CHUNK + 7)
+def test_attachment_encryption_round_trip(size: int, complete: bool, algorithm: str) -> None:
+    body = os.urandom(size)
     key = os.urandom(32 if algorithm.startswith("aes256") else 16)
     part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf"),
                                   ("Content-Disposition", "attachment; filename=x.pdf")], body)  # fmt: skip
