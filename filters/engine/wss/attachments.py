@@ -437,8 +437,9 @@ def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> byte
     return out
 
 
-def _split_headers(plain: bytearray, part: Attachment) -> list[tuple[str, str]]:
-    """The encrypted headers of an Attachment-Complete plaintext, taken off its front (the content stays)."""
+def _split_headers(plain: bytearray, part: Attachment) -> dict[str, str]:
+    """The encrypted headers of an Attachment-Complete plaintext by canonical name, taken off its front (the content
+    stays)."""
     end = plain.find(b"\r\n\r\n", 0, (MAX_LINE + 2) * MAX_HEADER_LINES)
     if plain.startswith(b"\r\n"):
         end = -2
@@ -456,7 +457,7 @@ def _split_headers(plain: bytearray, part: Attachment) -> list[tuple[str, str]]:
     if inner_id is not None and bare_id(inner_id) != part.content_id:
         raise encryption.failed("attachment: encrypted Content-ID differs from the part's")
     del plain[: end + 4]  # in place: no second copy of the content
-    return list(headers.items())
+    return headers
 
 
 @metrics.timed("decrypt")
@@ -487,10 +488,8 @@ def decrypt(
         part.headers = [(n, v) for n, v in part.headers if n.lower() != "content-type"] + [("Content-Type", mime)]
         part.body = plain
     else:
-        inner = _split_headers(plain, part)
-        replaced = {n.lower() for n, _ in inner}
-        outer = [(n, v) for n, v in part.headers if n.lower() not in replaced]
-        part.headers = outer + inner
+        inner = _split_headers(plain, part)  # canonical names: an outer header of a listed name gives way
+        part.headers = [(n, v) for n, v in part.headers if _LISTED.get(n.lower()) not in inner] + list(inner.items())
         part.body = plain
     part.decrypted = True
     part.changed = True
@@ -539,20 +538,25 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
     if len(key) != alg.key_size:
         raise ValueError(f"a {alg.key_size}-byte key is needed for {algorithm}")
     mime = part.content_type
-    head = b""
-    kept = part.headers
-    if complete:
-        listed = [(n, v) for n, v in part.headers if n.lower() in _LISTED]
-        head = "".join(f"{_LISTED[n.lower()]}:{v}\r\n" for n, v in listed).encode("ascii") + b"\r\n"
-        kept = [(n, v) for n, v in part.headers if n.lower() not in _LISTED or n.lower() == "content-id"]
+    lines: list[str] = []  # Attachment-Complete: the listed headers go inside, the Content-ID stays outside too
+    kept: list[tuple[str, str]] = []
+    for n, v in part.headers:  # one loop: read for every part of every reply
+        canonical = _LISTED.get(n.lower())
+        if canonical is None:
+            kept.append((n, v))
+            continue
+        if complete:
+            lines.append(f"{canonical}:{v}\r\n")
+        if canonical != "Content-Type" and (canonical == "Content-ID" or not complete):
+            kept.append((n, v))
+    kept.append(("Content-Type", "application/octet-stream"))
+    head = ("".join(lines) + "\r\n").encode("ascii") if complete else b""
     if alg.gcm and len(part.body) <= CHUNK:
         part.body = _gcm_once(key, (head, part.body))
     else:
         part.body = _encrypt_stream(algorithm, key, head, part.body)
     part.encrypted = part.changed = True
-    part.headers = [(n, v) for n, v in kept if n.lower() != "content-type"] + [
-        ("Content-Type", "application/octet-stream")
-    ]
+    part.headers = kept
     ed = copy.deepcopy(_template(algorithm, complete))
     ed.set("Id", ed_id)
     ed.set("MimeType", mime)
