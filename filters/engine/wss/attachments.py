@@ -557,7 +557,7 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
         part.body = _encrypt_stream(algorithm, key, head, part.body)
     part.encrypted = part.changed = True
     part.headers = kept
-    ed = copy.deepcopy(_template(algorithm, complete))
+    ed = copy.copy(_template(algorithm, complete))  # lxml copies the whole tree either way; deepcopy adds its memo
     ed.set("Id", ed_id)
     ed.set("MimeType", mime)
     ed[1][0].set("URI", cid_uri(part.content_id))
