@@ -173,6 +173,23 @@ def test_attachment_gcm_ciphertext_or_tag_changed_refused(where: int) -> None:
     assert err.value.code == "FailedCheck" and bytes(part.body) == sent and not part.decrypted
 
 
+def test_cbc_attachment_the_oracle_rules_refuse_stays_undecrypted() -> None:
+    """The caller's CBC rules (wssecurity._check_cbc, given the algorithm read once) refuse before a byte is
+    decrypted: no padding or parse error can answer for a ciphertext they turned away."""
+    part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf")], os.urandom(100))
+    ed = swa.encrypt(part, os.urandom(32), "aes256-cbc", True, "ED-1")
+    sent, seen = bytes(part.body), []
+
+    def refuse(algorithm: str) -> None:
+        seen.append(algorithm)
+        raise faults.security("FailedCheck", "CBC key reused")
+
+    with pytest.raises(faults.Fault) as err:  # another key: decrypted first, its padding or headers would fail
+        swa.decrypt(ed, os.urandom(32), ["aes256-cbc"], swa.Attachments([part]), refuse)
+    assert err.value.reason == "CBC key reused" and seen == ["aes256-cbc"]
+    assert bytes(part.body) == sent and not part.decrypted
+
+
 def _sealed(plain: bytes) -> tuple[etree._Element, swa.Attachments, bytes]:
     """An Attachment-Complete EncryptedData over exactly `plain` (headers and content as given)."""
     key = os.urandom(32)
