@@ -129,10 +129,11 @@ def test_two_parts_with_one_content_id_refused() -> None:
         swa.Attachments([_part("a/b", b"1"), _part("a/b", b"2")])
 
 
+@pytest.mark.parametrize("size", [0, 1000, swa.CHUNK, 2 * swa.CHUNK + 7])  # GCM: one call up to CHUNK, then streamed
 @pytest.mark.parametrize("complete", [True, False])
 @pytest.mark.parametrize("algorithm", ["aes256-gcm", "aes128-gcm", "aes256-cbc", "aes128-cbc"])
-def test_attachment_encryption_round_trip(complete: bool, algorithm: str) -> None:
-    body = os.urandom(2 * swa.CHUNK + 7)
+def test_attachment_encryption_round_trip(size: int, complete: bool, algorithm: str) -> None:
+    body = os.urandom(size)
     key = os.urandom(32 if algorithm.startswith("aes256") else 16)
     part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf"),
                                   ("Content-Disposition", "attachment; filename=x.pdf")], body)  # fmt: skip
@@ -170,6 +171,23 @@ def test_attachment_gcm_ciphertext_or_tag_changed_refused(where: int) -> None:
     with pytest.raises(faults.Fault) as err:
         swa.decrypt(ed, key, ["aes256-gcm"], swa.Attachments([part]))
     assert err.value.code == "FailedCheck" and bytes(part.body) == sent and not part.decrypted
+
+
+def test_cbc_attachment_the_oracle_rules_refuse_stays_undecrypted() -> None:
+    """The caller's CBC rules (wssecurity._check_cbc, given the algorithm read once) refuse before a byte is
+    decrypted: no padding or parse error can answer for a ciphertext they turned away."""
+    part = swa.Attachment("a@b", [("Content-ID", "<a@b>"), ("Content-Type", "application/pdf")], os.urandom(100))
+    ed = swa.encrypt(part, os.urandom(32), "aes256-cbc", True, "ED-1")
+    sent, seen = bytes(part.body), []
+
+    def refuse(algorithm: str) -> None:
+        seen.append(algorithm)
+        raise faults.security("FailedCheck", "CBC key reused")
+
+    with pytest.raises(faults.Fault) as err:  # another key: decrypted first, its padding or headers would fail
+        swa.decrypt(ed, os.urandom(32), ["aes256-cbc"], swa.Attachments([part]), refuse)
+    assert err.value.reason == "CBC key reused" and seen == ["aes256-cbc"]
+    assert bytes(part.body) == sent and not part.decrypted
 
 
 def _sealed(plain: bytes) -> tuple[etree._Element, swa.Attachments, bytes]:

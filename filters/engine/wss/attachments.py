@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from email.header import decode_header, make_header
 
@@ -65,6 +66,7 @@ _NOT_BARE_IN_URI = re.compile(r"[^\w.@\-!$&'*+=^`{|}~]")  # a Content-ID's chara
 _MIME_TYPE = re.compile(r"[\w.+\-]+/[\w.+\-]+(\s*;[^\r\n]*)?")
 MAX_HEADER_LINES = 100  # in the plaintext of an Attachment-Complete encryption, as WSS4J
 MAX_LINE = 998
+_ENCRYPTION_METHOD = ns.q(ns.XENC, "EncryptionMethod")
 _CIPHER_DATA = ns.q(ns.XENC, "CipherData")
 _CIPHER_REFERENCE = ns.q(ns.XENC, "CipherReference")
 _TRANSFORMS = ns.q(ns.XENC, "Transforms")
@@ -382,10 +384,20 @@ def digest(attachment: Attachment, transform: str, algorithm: str) -> bytes:
 # Encryption
 
 
-def _ciphertext_reference(ed: etree._Element) -> str:
-    """The cid: URI of an attachment EncryptedData, after checking its CipherReference's one transform (comments
-    are gone by now, processing instructions refused: every child counts)."""
-    data = next(ed.iterchildren(_CIPHER_DATA), None)
+def _read_encrypted_data(ed: etree._Element, allowed: Sequence[str]) -> tuple[str, str]:
+    """An attachment EncryptedData's algorithm (policy name, refused unless `allowed`) and the cid: URI of its
+    CipherReference, after checking that reference's one transform: one pass over the children (comments are gone
+    by now, processing instructions refused: every child counts), the checks XML Encryption's reading makes."""
+    method = data = None
+    for child in ed:
+        tag = child.tag
+        if tag == _ENCRYPTION_METHOD:
+            if method is not None:
+                raise faults.security("InvalidSecurity", "EncryptedData: more than one EncryptionMethod")
+            method = child
+        elif tag == _CIPHER_DATA and data is None:
+            data = child
+    algorithm = encryption.allowed_data_algorithm(method, allowed)  # before anything is decrypted (CVE-2012-5575)
     ref = data[0] if data is not None and len(data) == 1 else None
     if ref is None or ref.tag != _CIPHER_REFERENCE:
         raise faults.security("InvalidSecurity", "attachment EncryptedData without one CipherReference")
@@ -393,7 +405,7 @@ def _ciphertext_reference(ed: etree._Element) -> str:
     step = transforms[0] if transforms is not None and transforms.tag == _TRANSFORMS and len(transforms) == 1 else None
     if step is None or step.tag != _TRANSFORM or step.get("Algorithm") != CIPHERTEXT or len(step):
         raise faults.security("InvalidSecurity", "attachment CipherReference must have the one Ciphertext transform")
-    return ref.get("URI") or ""
+    return algorithm, ref.get("URI") or ""
 
 
 def is_attachment_data(ed: etree._Element) -> bool:
@@ -431,8 +443,9 @@ def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> byte
     return out
 
 
-def _split_headers(plain: bytearray, part: Attachment) -> list[tuple[str, str]]:
-    """The encrypted headers of an Attachment-Complete plaintext, taken off its front (the content stays)."""
+def _split_headers(plain: bytearray, part: Attachment) -> dict[str, str]:
+    """The encrypted headers of an Attachment-Complete plaintext by canonical name, taken off its front (the content
+    stays)."""
     end = plain.find(b"\r\n\r\n", 0, (MAX_LINE + 2) * MAX_HEADER_LINES)
     if plain.startswith(b"\r\n"):
         end = -2
@@ -450,20 +463,29 @@ def _split_headers(plain: bytearray, part: Attachment) -> list[tuple[str, str]]:
     if inner_id is not None and bare_id(inner_id) != part.content_id:
         raise encryption.failed("attachment: encrypted Content-ID differs from the part's")
     del plain[: end + 4]  # in place: no second copy of the content
-    return list(headers.items())
+    return headers
 
 
 @metrics.timed("decrypt")
-def decrypt(ed: etree._Element, key: bytes, allowed: Sequence[str], parts: Attachments) -> Attachment:
+def decrypt(
+    ed: etree._Element,
+    key: bytes,
+    allowed: Sequence[str],
+    parts: Attachments,
+    before: Callable[[str], None] | None = None,
+) -> Attachment:
     """Decrypt the attachment an EncryptedData (Type Attachment-Content-Only or -Complete) names, in place: its body
-    becomes the plaintext, its headers what the encryption says. `allowed`: policy data algorithm names."""
+    becomes the plaintext, its headers what the encryption says. `allowed`: policy data algorithm names; `before`
+    is given the algorithm once allowed, before anything is decrypted (the caller's CBC rules)."""
     kind = ENCRYPTED_TYPES.get(ed.get("Type") or "")
     if kind is None:
         raise faults.security("InvalidSecurity", "not an attachment EncryptedData")
-    alg_name = encryption.data_algorithm_name(ed, allowed)  # before anything is decrypted (CVE-2012-5575)
-    part = parts.by_uri(_ciphertext_reference(ed))
+    alg_name, uri = _read_encrypted_data(ed, allowed)
+    part = parts.by_uri(uri)
     if part.decrypted:
         raise faults.security("InvalidSecurity", f"attachment {part.content_id[:80]!r} decrypted twice")
+    if before is not None:
+        before(alg_name)
     plain = _decrypt_stream(key, alg_name, part.body)
     if kind == "content":
         mime = (ed.get("MimeType") or "").strip()
@@ -472,10 +494,8 @@ def decrypt(ed: etree._Element, key: bytes, allowed: Sequence[str], parts: Attac
         part.headers = [(n, v) for n, v in part.headers if n.lower() != "content-type"] + [("Content-Type", mime)]
         part.body = plain
     else:
-        inner = _split_headers(plain, part)
-        replaced = {n.lower() for n, _ in inner}
-        outer = [(n, v) for n, v in part.headers if n.lower() not in replaced]
-        part.headers = outer + inner
+        inner = _split_headers(plain, part)  # canonical names: an outer header of a listed name gives way
+        part.headers = [(n, v) for n, v in part.headers if _LISTED.get(n.lower()) not in inner] + list(inner.items())
         part.body = plain
     part.decrypted = True
     part.changed = True
@@ -490,12 +510,30 @@ def _cbc_pad(size: int) -> bytes:
 
 
 # An attachment's EncryptedData (no KeyInfo: the EncryptedKey's ReferenceList names it), copied per part: a
-# copy of this tree costs half of building it element by element.
+# copy of this tree costs half of building it element by element; one per algorithm and Type (`_template`), so a
+# copy needs only its Id, MimeType and URI set.
 _ENCRYPTED_DATA = etree.fromstring(
     f'<xenc:EncryptedData xmlns:xenc="{ns.XENC}" Id="" MimeType="" Type=""><xenc:EncryptionMethod Algorithm=""/>'
     f'<xenc:CipherData><xenc:CipherReference URI=""><xenc:Transforms><ds:Transform xmlns:ds="{ns.DS}" '
     f'Algorithm="{CIPHERTEXT}"/></xenc:Transforms></xenc:CipherReference></xenc:CipherData></xenc:EncryptedData>'
 )
+
+
+@functools.cache
+def _template(algorithm: str, complete: bool) -> etree._Element:
+    ed = copy.deepcopy(_ENCRYPTED_DATA)
+    ed.set("Type", COMPLETE if complete else CONTENT_ONLY)
+    ed[0].set("Algorithm", encryption.DATA[algorithm].uri)
+    return ed
+
+
+def _gcm_once(key: bytes, pieces: Sequence[bytes | bytearray | memoryview]) -> bytearray:
+    """IV || ciphertext || tag of a small plaintext in one AESGCM call over the pieces joined: a copy of at most CHUNK
+    bytes, for half the Python-level setup of a streaming Cipher."""
+    iv = os.urandom(encryption.GCM_IV)
+    out = bytearray(iv)
+    out += AESGCM(key).encrypt(iv, b"".join(pieces), None)
+    return out
 
 
 @metrics.timed("encryption")
@@ -506,27 +544,49 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
     if len(key) != alg.key_size:
         raise ValueError(f"a {alg.key_size}-byte key is needed for {algorithm}")
     mime = part.content_type
-    head = b""
-    kept = part.headers
-    if complete:
-        listed = [(n, v) for n, v in part.headers if n.lower() in _LISTED]
-        head = "".join(f"{_LISTED[n.lower()]}:{v}\r\n" for n, v in listed).encode("ascii") + b"\r\n"
-        kept = [(n, v) for n, v in part.headers if n.lower() not in _LISTED or n.lower() == "content-id"]
+    lines: list[str] = []  # Attachment-Complete: the listed headers go inside, the Content-ID stays outside too
+    kept: list[tuple[str, str]] = []
+    for n, v in part.headers:  # one loop: read for every part of every reply
+        canonical = _LISTED.get(n.lower())
+        if canonical is None:
+            kept.append((n, v))
+            continue
+        if complete:
+            lines.append(f"{canonical}:{v}\r\n")
+        if canonical != "Content-Type" and (canonical == "Content-ID" or not complete):
+            kept.append((n, v))
+    kept.append(("Content-Type", "application/octet-stream"))
+    head = ("".join(lines) + "\r\n").encode("ascii") if complete else b""
+    if alg.gcm and len(part.body) <= CHUNK:
+        part.body = _gcm_once(key, (head, part.body))
+    else:
+        part.body = _encrypt_stream(algorithm, key, head, part.body)
+    part.encrypted = part.changed = True
+    part.headers = kept
+    ed = copy.copy(_template(algorithm, complete))  # lxml copies the whole tree either way; deepcopy adds its memo
+    ed.set("Id", ed_id)
+    ed.set("MimeType", mime)
+    ed[1][0].set("URI", cid_uri(part.content_id))
+    return ed
+
+
+def _encrypt_stream(algorithm: str, key: bytes, head: bytes, body: bytes | bytearray | memoryview) -> bytearray:
+    """IV || ciphertext of head, body (and CBC padding) (|| tag), written once into one buffer: no copy of the body."""
+    alg = encryption.DATA[algorithm]
     if alg.gcm:
         iv = os.urandom(encryption.GCM_IV)
         encryptor = Cipher(algorithms.AES(key), modes.GCM(iv)).encryptor()
     else:
         iv = os.urandom(encryption.BLOCK)
         encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
-    # One buffer, written once: IV || ciphertext of head, body (and CBC padding) || tag; update_into wants a
-    # block of room beyond each piece's output, trimmed off the end.
-    tail = b"" if alg.gcm else _cbc_pad(len(head) + len(part.body))
-    size = len(iv) + len(head) + len(part.body) + len(tail)
+    # update_into wants a block of room beyond each piece's output, trimmed off the end.
+    tail = b"" if alg.gcm else _cbc_pad(len(head) + len(body))
+    size = len(iv) + len(head) + len(body) + len(tail)
     out = bytearray(size + encryption.BLOCK - 1 + (encryption.GCM_TAG if alg.gcm else 0))
     view = memoryview(out)
     view[: len(iv)] = iv
     at = len(iv)
-    for piece in (head, part.body, tail):
+    for piece in (head, body, tail):
         if piece:  # GCM has no tail, Content-Only no head: no call for them
             at += encryptor.update_into(piece, view[at:])
     encryptor.finalize()  # nothing is held back: GCM streams, the CBC plaintext is whole blocks by now
@@ -535,15 +595,4 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
         at += encryption.GCM_TAG
     view.release()
     del out[at:]
-    part.body = out
-    part.encrypted = part.changed = True
-    part.headers = [(n, v) for n, v in kept if n.lower() != "content-type"] + [
-        ("Content-Type", "application/octet-stream")
-    ]
-    ed = copy.deepcopy(_ENCRYPTED_DATA)
-    ed.set("Id", ed_id)
-    ed.set("MimeType", mime)
-    ed.set("Type", COMPLETE if complete else CONTENT_ONLY)
-    ed[0].set("Algorithm", alg.uri)
-    ed[1][0].set("URI", cid_uri(part.content_id))
-    return ed
+    return out

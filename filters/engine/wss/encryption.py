@@ -107,15 +107,27 @@ def _expect(el: etree._Element, tag: str) -> None:
 
 def _method_uri(el: etree._Element, what: str) -> tuple[etree._Element, str]:
     method = _child(el, q(XENC, "EncryptionMethod"), what)
-    uri = method.get("Algorithm") if method is not None else None
-    if method is None or not uri:
-        raise faults.security("UnsupportedAlgorithm", f"{what} without an EncryptionMethod Algorithm")
+    uri = _algorithm_uri(method, what)
+    assert method is not None  # refused above
     return method, uri
+
+
+def _algorithm_uri(method: etree._Element | None, what: str) -> str:
+    uri = method.get("Algorithm") if method is not None else None
+    if not uri:
+        raise faults.security("UnsupportedAlgorithm", f"{what} without an EncryptionMethod Algorithm")
+    return uri
 
 
 def data_algorithm_name(ed: etree._Element, allowed: Sequence[str]) -> str:
     """The policy name of an EncryptedData's algorithm, refused unless `allowed`."""
-    _, uri = _method_uri(ed, "EncryptedData")
+    return allowed_data_algorithm(_child(ed, q(XENC, "EncryptionMethod"), "EncryptedData"), allowed)
+
+
+def allowed_data_algorithm(method: etree._Element | None, allowed: Sequence[str]) -> str:
+    """The policy name of the algorithm an EncryptedData's EncryptionMethod (None: it has none) names, refused unless
+    `allowed` (attachments.py reads the element in its own pass over the EncryptedData)."""
+    uri = _algorithm_uri(method, "EncryptedData")
     name = _DATA_BY_URI.get(uri)
     if name is None or name not in allowed:
         raise faults.security("UnsupportedAlgorithm", f"data encryption algorithm not allowed: {uri[:120]}")

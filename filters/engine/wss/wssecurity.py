@@ -462,9 +462,13 @@ def _decrypt_attachment(st: _State, ed: etree._Element, secret: bytes | None) ->
         return  # named by a ReferenceList and met again in the header walk
     if secret is None:
         secret = _data_key(st, ed)
-    if encryption.cbc_data(ed, st.req.encryption.data_algorithms):
-        _check_cbc(st, ed, secret)
-    attachments.decrypt(ed, secret, st.req.encryption.data_algorithms, st.parts)
+    key = secret
+
+    def cbc_rules(algorithm: str) -> None:  # the EncryptedData is read once, in attachments.decrypt
+        if encryption.is_cbc(algorithm):
+            _check_cbc(st, ed, key)
+
+    attachments.decrypt(ed, secret, st.req.encryption.data_algorithms, st.parts, cbc_rules)
 
 
 def _data_key(st: _State, ed: etree._Element) -> bytes:
