@@ -501,7 +501,12 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     if reading is None:
         raise _invalid_security(f"not a DerivedKeyToken: {str(tag)[:120]}")
     version, places, unknown_source = reading
-    algorithm = el.get("Algorithm")
+    algorithm = dk_id = None
+    for name, value in el.items():  # one walk of its attributes: get() of a namespaced name alone costs more
+        if name == _WSU_ID:
+            dk_id = value
+        elif name == "Algorithm":
+            algorithm = value
     if algorithm is not None and algorithm != version.p_sha1:
         raise faults.security("UnsupportedAlgorithm", f"key derivation algorithm {algorithm[:120]!r}")
     found: list[etree._Element | None] = [None] * len(places)  # one walk over the children, each kind at most once
@@ -536,7 +541,7 @@ def parse_dkt(el: etree._Element) -> DerivedKeyToken:
     nonce = base64_of(nonce_el, _invalid_security)
     if len(nonce) < MIN_DK_NONCE_BYTES:
         raise _invalid_security(f"DerivedKeyToken Nonce of {len(nonce)} bytes")
-    return DerivedKeyToken(version, el.get(_WSU_ID), source, start, length, label, nonce)
+    return DerivedKeyToken(version, dk_id, source, start, length, label, nonce)
 
 
 def derive_key(dkt: DerivedKeyToken, secret: bytes | KeyedSha1) -> bytes:
