@@ -27,11 +27,6 @@ from lxml import etree
 
 from filters.engine import faults, ns
 
-try:
-    from _sha1 import sha1 as _sha1  # CPython's SHA-1 (KeyedSha1 says why)
-except ImportError:  # a CPython built without its own hashes
-    from hashlib import sha1 as _sha1
-
 # ---------------------------------------------------------------------------------------------------------
 # Spec versions
 
@@ -176,11 +171,10 @@ def invalid_token(reason: str) -> faults.Fault:
 
 class KeyedSha1:
     """HMAC-SHA1 (RFC 2104) under one key, its inner and outer SHA-1 states computed once: each HMAC is then two
-    copies and three C calls, where hmac.digest redoes the key schedule and an hmac.HMAC copy costs more in Python
-    than the hashing. For P_SHA1, which makes four HMACs per 32-byte key. The states are CPython's own SHA-1
-    (`_sha1`, hashlib's fallback) where it has one: copying and finishing an OpenSSL 3 digest context (allocate,
-    copy, reset, cleanse) cost more than its faster compression saves on these one- and two-block inputs (P_SHA1
-    for 32 bytes: 43,000 instructions, 29,000 so)."""
+    copies and three C calls (hashlib), where hmac.digest redoes the key schedule and an hmac.HMAC copy costs more
+    in Python than the hashing. For P_SHA1, which makes four HMACs per 32-byte key. (CPython's own `_sha1` counts
+    fewer instructions under callgrind but runs slower: OpenSSL uses the CPU's SHA extensions, which valgrind's
+    CPU lacks; docs/outbound.md.)"""
 
     __slots__ = ("_inner", "_outer")
     _BLOCK = 64  # SHA-1's block size
@@ -189,8 +183,8 @@ class KeyedSha1:
         if len(key) > self._BLOCK:
             key = hashlib.sha1(key).digest()
         key = key.ljust(self._BLOCK, b"\0")
-        self._inner = _sha1(key.translate(_IPAD))
-        self._outer = _sha1(key.translate(_OPAD))
+        self._inner = hashlib.sha1(key.translate(_IPAD))
+        self._outer = hashlib.sha1(key.translate(_OPAD))
 
     def mac(self, data: bytes) -> bytes:
         inner = self._inner.copy()
