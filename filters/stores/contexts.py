@@ -241,12 +241,13 @@ class Revocations(Protocol):
         ...
 
     def revoke(self, key: bytes, until: datetime, now: datetime) -> bool:
-        """Remember `key` until `until`; False when there is no room (nothing is forgotten to make some)."""
+        """Remember `key` (ASCII) until `until`; False when there is no room (nothing is forgotten to make some)."""
         ...
 
-    def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
-        """Whether `key` was cancelled, or may have been: a context issued at or before the list's epoch (the
-        moment it started remembering, filters/engine/wss/replay.py) could have been cancelled in what it forgot."""
+    def revoked(self, key: bytes, issued_ms: int, now: datetime) -> bool:
+        """Whether `key` was cancelled, or may have been: a context issued (`issued_ms`, ms since the epoch) at or
+        before the list's epoch (the moment it started remembering, filters/engine/wss/replay.py) could have been
+        cancelled in what it forgot."""
         ...
 
 
@@ -278,9 +279,9 @@ class MemoryRevocations:
             heapq.heappush(self._heap, (until, key))
             return True
 
-    def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
+    def revoked(self, key: bytes, issued_ms: int, now: datetime) -> bool:
         until = self._until.get(key)
-        return (until is not None and now < until) or _ms(issued) <= self._epoch_ms
+        return (until is not None and now < until) or issued_ms <= self._epoch_ms
 
 
 OPENED_CONTEXTS = 1024  # sealed identifiers remembered opened, per store (each at most MAX_IDENTIFIER characters)
@@ -304,22 +305,22 @@ class RedisRevocations:
         return 0
 
     def revoke(self, key: bytes, until: datetime, now: datetime) -> bool:
-        name = self.prefix + key.hex().encode()
+        name = self.prefix + key
         with _redis_errors():
             self._client.set(name, b"", px=_ttl_ms(until, now))
         self._tracked.forget(name)  # this worker refuses it at once, whatever the push does
         return True
 
-    def revoked(self, key: bytes, issued: datetime, now: datetime) -> bool:
+    def revoked(self, key: bytes, issued_ms: int, now: datetime) -> bool:
         # Only a Redis found without its epoch (restarted empty) is written: whoever comes first starts the epoch
         # (SET NX GET), and the push that write makes has every worker read the epoch again.
         mine = now_ms()
         with _redis_errors():
-            epoch, cancelled = self._tracked.get((EPOCH_KEY, self.prefix + key.hex().encode()))
+            epoch, cancelled = self._tracked.get((EPOCH_KEY, self.prefix + key))
             if epoch is None:
                 epoch = self._client.set(EPOCH_KEY, str(mine), nx=True, get=True)
                 self._tracked.forget(EPOCH_KEY)
-        return cancelled is not None or _ms(issued) <= epoch_of(epoch, mine)
+        return cancelled is not None or issued_ms <= epoch_of(epoch, mine)
 
     def close(self) -> None:
         self._client.close()
@@ -376,6 +377,11 @@ def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
+class _Unopened(Exception):
+    """A sealed identifier that does not open; the reason (SealedContextStore._open raises it, _lookup turns it
+    into the message's version's fault: the cache of opened identifiers is not keyed by version)."""
+
+
 class SealedContextStore:
     """Contexts sealed into their own identifiers: `urn:wsgate:sct:<key id>:<base64url(nonce || AES-256-GCM
     ciphertext)>` of the secret, times, subject and version, with the prefix up to the key id as associated
@@ -390,7 +396,9 @@ class SealedContextStore:
         self._keys = {k.id: AESGCM(k.key) for k in master_keys}
         # Every message of a context presents the same identifier: opened (base64, AES-GCM, unpacked) once while
         # it is among the last OPENED_CONTEXTS; only identifiers that opened are remembered (exceptions are not
-        # cached). Cancellation and expiry are still checked per message (_lookup).
+        # cached). Keyed by the identifier alone (live() checks the message's version), with what each message's
+        # checks need made once: the cancellation key, the creation in ms. Cancellation and expiry are still
+        # checked per message (_lookup).
         self._opened = functools.lru_cache(maxsize=OPENED_CONTEXTS)(self._open)
 
     def __len__(self) -> int:
@@ -407,14 +415,15 @@ class SealedContextStore:
             raise wst_fault(version, "RequestFailed", f"subject of {len(subject)} characters too long to seal")
         return dataclasses.replace(ctx, identifier=identifier)
 
-    def _open(self, identifier: str, version: Version) -> tuple[Context, bytes]:
-        """The sealed context and the key its cancellation is recorded under."""
+    def _open(self, identifier: str) -> tuple[Context, bytes, int]:
+        """The sealed context, the key its cancellation is recorded under (hex of the key id, ':' and the GCM
+        nonce) and its creation in ms; _Unopened (the reason) for anything else."""
         if len(identifier) > MAX_IDENTIFIER or not identifier.startswith(SEALED_PREFIX):
-            raise unknown_context(version, identifier, "not a sealed context identifier")
+            raise _Unopened("not a sealed context identifier")
         key_id, sep, payload = identifier[len(SEALED_PREFIX) :].partition(":")
         aead = self._keys.get(key_id)
         if not sep or aead is None:
-            raise unknown_context(version, identifier, f"sealed under unknown master key {key_id[:32]!r}")
+            raise _Unopened(f"sealed under unknown master key {key_id[:32]!r}")
         try:
             raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
         except binascii.Error:
@@ -422,20 +431,23 @@ class SealedContextStore:
         # One spelling per context (base64 leaves spare bits in the last character): whatever is keyed by the
         # identifier string sees one context as one. Cancellations are keyed by key id and GCM nonce anyway.
         if not _B64URL.fullmatch(payload) or _b64url(raw) != payload or len(raw) < _GCM_NONCE + _GCM_TAG:
-            raise unknown_context(version, identifier, "malformed sealed identifier")
+            raise _Unopened("malformed sealed identifier")
         head = identifier[: len(SEALED_PREFIX) + len(key_id) + 1]
         try:
             plain = aead.decrypt(raw[:_GCM_NONCE], raw[_GCM_NONCE:], head.encode())
         except InvalidTag:
-            raise unknown_context(version, identifier, "sealed identifier does not open (tampered)") from None
+            raise _Unopened("sealed identifier does not open (tampered)") from None
         ctx = _unpack(identifier, plain)
         if ctx is None:
-            raise unknown_context(version, identifier, "unreadable sealed context")
-        return ctx, f"{key_id}:".encode() + raw[:_GCM_NONCE]
+            raise _Unopened("unreadable sealed context")
+        return ctx, (f"{key_id}:".encode() + raw[:_GCM_NONCE]).hex().encode(), _ms(ctx.created)
 
     def _lookup(self, identifier: str, version: Version, now: datetime) -> tuple[Context, bytes]:
-        ctx, revocation = self._opened(identifier, version)
-        if self.revocations.revoked(revocation, ctx.created, now):
+        try:
+            ctx, revocation, created_ms = self._opened(identifier)
+        except _Unopened as e:
+            raise unknown_context(version, identifier, str(e)) from None
+        if self.revocations.revoked(revocation, created_ms, now):
             raise unknown_context(
                 version, identifier, "cancelled security context, or issued before the cancellations' epoch"
             )
