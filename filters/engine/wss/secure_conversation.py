@@ -293,7 +293,9 @@ def sub(parent: etree._Element, tag: str, text: str | None = None) -> etree._Ele
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{os.urandom(16).hex()}"  # as unguessable as a uuid4, at a quarter of its cost
+    """A globally unique id, for what nothing registers as an XML ID (tokens, EncryptedKey, EncryptedData): 128
+    random bits, as unguessable as a uuid4 at a quarter of its cost (~15K instructions a call less, several a reply)."""
+    return f"{prefix}-{os.urandom(16).hex()}"
 
 
 # ---------------------------------------------------------------------------------------------------------

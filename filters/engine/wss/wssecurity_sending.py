@@ -19,7 +19,6 @@ keys.str_pre_shared_key, never a bare ds:KeyName."""
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +29,7 @@ from lxml import etree
 from filters.engine import ns
 from filters.engine.wss import attachments, encryption, keys, signature, signing, timestamp, username_token
 from filters.engine.wss.optimizations import Optimizations
+from filters.engine.wss.secure_conversation import new_id
 from filters.engine.wss.wssecurity import (
     REFERENCE_LIST,
     SECURITY,
@@ -69,11 +69,6 @@ class Secured:
 
     encrypted_key_sha1: str | None = None
     secret: bytes | None = None
-
-
-def new_id(prefix: str) -> str:
-    """A globally unique id, for tokens nothing registers as an XML ID (BinarySecurityToken, EncryptedKey)."""
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 class _MessageIds:
