@@ -70,6 +70,9 @@ def _ds(local: str) -> str:
 
 
 SIGNATURE = _ds("Signature")
+# A Reference's tags, compared for each reference of each signature: made once.
+_REFERENCE, _TRANSFORMS, _TRANSFORM = _ds("Reference"), _ds("Transforms"), _ds("Transform")
+_DIGEST_TAGS = [_ds("DigestMethod"), _ds("DigestValue")]
 SECURITY = ns.q(ns.WSSE, "Security")
 ENCRYPTED_DATA = ns.q(ns.XENC, "EncryptedData")
 INCLUSIVE_NAMESPACES = ns.q(ns.EXC_C14N, "InclusiveNamespaces")
@@ -178,19 +181,19 @@ def _check_reference(
     parts = _children(ref)
     tags = [p.tag for p in parts]
     if attachment:  # exactly one SwA transform, without parameters (attachments.py)
-        steps = _children(parts[0]) if tags and tags[0] == _ds("Transforms") else []
-        if len(steps) != 1 or steps[0].tag != _ds("Transform") or _has_children(steps[0]):
+        steps = _children(parts[0]) if tags and tags[0] == _TRANSFORMS else []
+        if len(steps) != 1 or steps[0].tag != _TRANSFORM or _has_children(steps[0]):
             raise faults.security("InvalidSecurity", f"reference {uri[:80]!r} must have one SwA transform")
         swa_transform = steps[0].get("Algorithm")
         if swa_transform not in attachments.SIGNATURE_TRANSFORMS:
             raise faults.security("UnsupportedAlgorithm", f"attachment transform {swa_transform!r:.120}")
         parts, tags = parts[1:], tags[1:]
-    elif tags and tags[0] == _ds("Transforms"):
+    elif tags and tags[0] == _TRANSFORMS:
         transforms = _children(parts[0])
         if len(transforms) > MAX_TRANSFORMS:
             raise faults.security("InvalidSecurity", f"reference #{target} has {len(transforms)} transforms")
         for t in transforms:
-            if t.tag != _ds("Transform"):
+            if t.tag != _TRANSFORM:
                 raise faults.security("InvalidSecurity", f"unexpected {t.tag} in ds:Transforms")
             if t.get("Algorithm") == str_transform.ALGORITHM:
                 if len(transforms) != 1:
@@ -199,7 +202,7 @@ def _check_reference(
                 continue
             _check_c14n_children(t, _algorithm(t, REFERENCE_TRANSFORMS, "transform"), "ds:Transform")
         parts, tags = parts[1:], tags[1:]
-    if tags != [_ds("DigestMethod"), _ds("DigestValue")]:
+    if tags != _DIGEST_TAGS:
         raise faults.security(
             "InvalidSecurity", f"reference {target[:80]} is not Transforms?, DigestMethod, DigestValue"
         )
@@ -235,7 +238,7 @@ def _check_signature(
     refs = info[2:]
     if len(refs) > MAX_REFERENCES:
         raise faults.security("InvalidSecurity", f"{len(refs)} references in one signature (at most {MAX_REFERENCES})")
-    if any(r.tag != _ds("Reference") for r in refs):
+    if any(r.tag != _REFERENCE for r in refs):
         raise faults.security("InvalidSecurity", "ds:SignedInfo holds something other than ds:Reference")
     _check_c14n_children(info[0], _algorithm(info[0], C14N_METHODS, "canonicalization"), "CanonicalizationMethod")
 
@@ -423,7 +426,7 @@ def _verify_direct(
 
 
 def _str_transformed(ref: etree._Element) -> bool:
-    transforms = xmlsupport.child(ref, _ds("Transforms"))
+    transforms = xmlsupport.child(ref, _TRANSFORMS)
     return transforms is not None and transforms[0].get("Algorithm") == str_transform.ALGORITHM
 
 

@@ -458,8 +458,8 @@ def _decrypt_attachment(st: _State, ed: etree._Element, secret: bytes | None) ->
         raise faults.security("InvalidSecurity", "attachment EncryptedData in a message without attachments")
     if ed.getparent() is not st.security:  # where WSS4J puts it; in the Body it would reach the backend
         raise faults.security("InvalidSecurity", "attachment EncryptedData outside the Security header")
-    if any(p.encrypted_data is ed for p in st.parts):
-        return  # named by a ReferenceList and met again in the header walk
+    if _decrypted_already(st, ed):
+        return  # named again by a ReferenceList
     if secret is None:
         secret = _data_key(st, ed)
     key = secret
@@ -469,6 +469,10 @@ def _decrypt_attachment(st: _State, ed: etree._Element, secret: bytes | None) ->
             _check_cbc(st, ed, key)
 
     attachments.decrypt(ed, secret, st.req.encryption.data_algorithms, st.parts, cbc_rules)
+
+
+def _decrypted_already(st: _State, ed: etree._Element) -> bool:
+    return st.parts is not None and any(p.encrypted_data is ed for p in st.parts)
 
 
 def _data_key(st: _State, ed: etree._Element) -> bytes:
@@ -723,6 +727,10 @@ def _encrypted_data(st: _State, ed: etree._Element) -> bool:
     ed_id = ed.get("Id")
     if not ed_id:
         raise faults.security("InvalidSecurity", "EncryptedData in the Security header without Id")
+    if _decrypted_already(st, ed):
+        # An attachment's, named by a ReferenceList before: its Id was found on it alone then, and this is the
+        # element itself, not found by Id (a later reference to that Id is looked up again).
+        return False
     _decrypt_reference(st, ed_id, None)
     return not attachments.is_attachment_data(ed)
 
