@@ -379,15 +379,20 @@ def test_attachment_rows_through_the_gateway_smoke(gw: LiveGateway, pki: Path) -
     a measure."""
     policies = optimizations.bench_policies(pki)
     # 40 requests a row: two blocks of 20 each, the rows' blocks in turn (BLOCK), each with its warm-ups.
-    rows = attachment_gateway.run(gw.gw, policies, pki, scale=40 / 300, sizes=["100 KB"])
+    rows = attachment_gateway.run(
+        gw.gw, policies, pki, scale=40 / attachment_gateway.GATEWAY_COUNTS["100 KB"], sizes=["100 KB"]
+    )
     expected = [(k, s, p) for k, p in [*((k, False) for k in attachment_cpu.ROWS), ("signed", True)]
                 for s in ("none", "100 KB")]  # fmt: skip
     assert [(r.kind, r.size, r.pass_through) for r in rows] == expected
     for r in rows:
         assert r.requests == 40 and r.verified == r.requests + r.warm_ups == 44 and not r.failures, r.failures
     assert all(r.cpu_us["envoy"] > 0 and r.cpu_us["filter"] > 0 for r in rows)  # read from /proc, per thread
+    floors = attachment_cpu.measure_floors(0.01)
+    # The target's measure pairs the four rows' blocks round by round: two rounds here.
+    assert [len(d.rounds_us) for d in attachment_gateway.derive(rows, [], floors)] == [2, 2]
     out = io.StringIO()
-    attachment_gateway.report(rows, [], attachment_cpu.measure_floors(0.01), out)
+    attachment_gateway.report(rows, [], floors, out)
     text = out.getvalue()
     assert "Attachments (SwA profile) through the gateway" in text, text
     for kind in attachment_cpu.ROWS:
