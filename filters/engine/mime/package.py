@@ -95,7 +95,7 @@ class Part(NamedTuple):
     content_id: str | None  # without angle brackets
     content_type: str  # the Content-Type header's value as received
     body: memoryview | bytes  # the content, still in its transfer encoding
-    raw_headers: memoryview | bytes | None = None  # the header block as written: as received, or as rendered anew
+    raw_headers: memoryview | bytes | None = None  # the header block as received: serialized as it came
     parsed_type: MediaType | None = None  # content_type as `parse` read it
 
     @property

@@ -146,10 +146,9 @@ def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
         if not new.changed:
             out.append(old)
             continue
-        # One pass: the headers, their block as written (mime.segments) and the Content-Type (its own lookup
-        # lowercased every name again): ~10K instructions a part less.
+        # One pass: the headers and the Content-Type (its own lookup lowercased every name again); the header
+        # block is rendered where the package is written (mime.segments).
         headers: list[tuple[str, str]] = []
-        block = ""
         content_type = None
         for n, v in new.headers:
             name = n.lower()
@@ -160,13 +159,8 @@ def to_package(package: mime.Package, parts: Attachments) -> mime.Package:
                     raise _twice(new.content_id, name)
                 content_type = v
             headers.append((n, v))
-            block += f"{n}: {v}\r\n"
         headers.append(("Content-Transfer-Encoding", "binary"))
-        block += "Content-Transfer-Encoding: binary\r\n"
-        raw = block.encode("ascii")
-        out.append(
-            mime.Part(tuple(headers), new.content_id, (content_type or DEFAULT_CONTENT_TYPE).strip(), new.body, raw)
-        )
+        out.append(mime.Part(tuple(headers), new.content_id, (content_type or DEFAULT_CONTENT_TYPE).strip(), new.body))
     return package.with_attachments(tuple(out))
 
 
