@@ -368,12 +368,16 @@ def write_csv(rows: Sequence[Row], in_process: Sequence[InProcessRow], floors: F
         w.writerow(["kind", "attachment", "attachment_bytes", "requests", "verified", *(f"{r}_cpu_us" for r in ROLES),
                     "cpu_us", "share_us", "mbps_per_core", "in_process_us", "floor_us", "floor_ratio",
                     "pass_through_us", "security_us", "security_floor_ratio", "pass_through_share_us",
-                    "attachment_security_us", "attachment_security_floor_ratio"])  # fmt: skip
+                    "attachment_security_us", "attachment_security_floor_ratio", "in_process_own_us",
+                    "in_process_own_floor_ratio"])  # fmt: skip
+        local = {(r.kind, r.size): r for r in in_process if r.own_us}
         for r in rows:
             d = None if r.pass_through else derived.get((r.kind, r.size))
+            own = local.get((r.kind, r.size)) if d else None
             extra = [d.share_us, d.mbps, d.in_process_us, d.floor_us, d.ratio, d.pass_through_us, d.security_us,
                      d.security_ratio, d.pass_through_share_us, d.attachment_security_us,
                      d.attachment_security_ratio] if d else [""] * 11  # fmt: skip
+            extra += [statistics.median(own.own_us), own.own_ratio] if own else ["", ""]
             w.writerow([r.label, r.size, SIZES.get(r.size, 0), r.requests, r.verified,
                         *(round(r.cpu_us[x], 1) for x in ROLES), round(r.total_us, 1),
                         *(round(v, 3) if isinstance(v, float) else v for v in extra)])  # fmt: skip

@@ -85,6 +85,9 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     # The SwA rows (loadtest/attachment_cpu.py): each kind and attachment size, beside OpenSSL's floor.
     swa = text.split("Attachments (SwA profile), in process")[1].split("Attachments (SwA profile) through")
     assert len(re.findall(r"\n(signed|signed\+encrypted) +(100 KB|10 MB) +[\d.]+ ms +[\d.]+ MB/s", swa[0])) == 4, swa
+    # Each row's own cost in paired rounds, beside the floor of those rounds (loadtest/attachment_cpu.measure).
+    assert len(re.findall(r"target \(issue 21\), in process: .*: -?[\d.]+x the floor, at most 2x: (met|MISSED)",
+                          swa[0])) == 4, swa  # fmt: skip
     # And through the gateway, beside them: every row's replies verified, in process and floor figures printed.
     found = re.findall(
         r"^(signed|signed\+encrypted) +(100 KB|10 MB) +(\d+) +(\d+)/(\d+) +[\d.,]+ ms .* -?[\d.,]+ ms +-?[\d.]+x$",

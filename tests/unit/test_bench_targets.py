@@ -135,3 +135,20 @@ def test_attachment_rows_in_blocks_are_held_to_the_median_of_each_rounds_own_dif
     unpaired = [ag.Row(r.kind, r.size, r.requests, r.cpu_us, pass_through=r.pass_through) for r in rows]
     (u,) = ag.derive(unpaired, [], floors)  # rows not measured in blocks: their own figures
     assert u.rounds_us == [] and u.attachment_security_us == 300.0
+
+
+def test_attachment_rows_in_process_are_held_to_each_rounds_own_floor() -> None:
+    # The machine runs at half speed for two rounds of four: the attachment's cost and the floor double together, so
+    # each round's multiple stays 1.5x, where the rounds' medians taken apart would mix a slow cost with a fast floor.
+    from loadtest.attachment_cpu import Floors, Row, report
+
+    row = Row("signed", "100 KB", 4, 2000.0, 2000.0, own_us=[150.0, 300.0, 300.0, 150.0],
+              floor_us=[100.0, 200.0, 200.0, 100.0])  # fmt: skip
+    assert row.own_ratio == 1.5
+    slow = Row("signed+encrypted", "100 KB", 2, 3000.0, 3000.0, own_us=[500.0, 1000.0], floor_us=[200.0, 400.0])
+    assert slow.own_ratio == 2.5
+    out = io.StringIO()
+    report([row, slow], out, Floors(sha256=1000.0, gcm=4000.0))
+    text = out.getvalue()
+    assert "target (issue 21), in process: signed, 100 KB: 1.50x the floor, at most 2x: met" in text, text
+    assert "target (issue 21), in process: signed+encrypted, 100 KB: 2.50x the floor, at most 2x: MISSED" in text
