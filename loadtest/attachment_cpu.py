@@ -55,7 +55,9 @@ ROWS = {"signed": "swa-signed", "signed+encrypted": "swa-encrypted"}
 # spread by +-0.3 ms here; 300 rounds put the median within ~0.03 ms.
 COUNTS = {"100 KB": 300, "10 MB": 6}
 BOUNDARY = "bench-swa-7c1e"
-PASS_THROUGH_ROUTE = "swa-floor"  # an `xml` route taking attachments (loadtest/policies/bench.yaml)
+PASS_THROUGH = (
+    "swa-floor"  # the `xml` route taking attachments the pass-through rows go to (loadtest/policies/bench.yaml)
+)
 _IV = bytes(12)  # the floor's cipher: a fixed IV is fine for bytes nobody reads
 FLOOR_BYTES = 64 * 1024 * 1024
 TARGET = 2.0  # issue 21: securing an attachment costs at most 2x OpenSSL's hash (and cipher) of its bytes
@@ -145,7 +147,7 @@ def measure(kind: str, size: str, policies: PolicySet, certs: Path, count: int) 
     (A - B) - (P - Q) is held to its own floor."""
     stores = RouteStores()
     pl = build_pipeline(policies.route(ROWS[kind]), stores)
-    passing = build_pipeline(policies.route(PASS_THROUGH_ROUTE), stores)
+    passing = build_pipeline(policies.route(PASS_THROUGH), stores)
     assert isinstance(pl, SecuredPipeline)
     pl.credentials.replay = MemoryReplayCache(epoch_ms=0)  # in process: no Redis
     signed = policies.route(ROWS["signed"])  # the pass-through carries the signed row's package, as through the gateway
@@ -243,10 +245,14 @@ def report(rows: Sequence[Row], out: TextIO, floors: Floors) -> None:
           "rounds' multiples of their floor)", file=out)  # fmt: skip
     for r in rows:
         if r.own_us:
-            verdict = "met" if r.own_ratio <= TARGET else "MISSED"
             print(f"  target (issue 21), in process: {r.kind}, {r.size}: {r.own_ratio:.2f}x the floor, at most "
-                  f"{TARGET:g}x: {verdict}", file=out)  # fmt: skip
+                  f"{TARGET:g}x: {verdict(r.own_ratio)}", file=out)  # fmt: skip
     out.flush()
+
+
+def verdict(ratio: float) -> str:
+    """Issue 21's verdict on a multiple of the floor; a difference of four costs below zero is the machine's noise."""
+    return ("met" if ratio <= TARGET else "MISSED") + (", below zero: noise" if ratio < 0 else "")
 
 
 def _own(r: Row) -> str:
