@@ -50,10 +50,13 @@ from loadtest.messages import plain_request
 from loadtest.optimizations import bench_policies
 
 SIZES = {"100 KB": 100 * 1024, "10 MB": 10 * 1024 * 1024}
+# The fixed cost per attachment: one whose bytes cost next to nothing (not a target row; `crossover_kb`).
+FIXED = "1 KB"
+_BYTES = {**SIZES, FIXED: 1024}
 ROWS = {"signed": "swa-signed", "signed+encrypted": "swa-encrypted"}
-# Rounds per point: a 100 KB attachment's own cost is a difference of four exchanges of a few ms each, whose rounds
-# spread by +-0.3 ms here; 300 rounds put the median within ~0.03 ms.
-COUNTS = {"100 KB": 300, "10 MB": 6}
+# Rounds per point: a small attachment's own cost is a difference of four exchanges of a few ms each, whose rounds
+# spread by +-0.6 ms here; 1,000 rounds put the median within ~0.02 ms.
+COUNTS = {FIXED: 1000, "100 KB": 1000, "10 MB": 6}
 BOUNDARY = "bench-swa-7c1e"
 PASS_THROUGH = (
     "swa-floor"  # the `xml` route taking attachments the pass-through rows go to (loadtest/policies/bench.yaml)
@@ -76,7 +79,7 @@ class Row:
     floor_us: list[float] = field(default_factory=list)
 
     def mbps(self, us: float) -> float:
-        return SIZES[self.size] / us  # bytes per microsecond = MB/s
+        return _BYTES[self.size] / us  # bytes per microsecond = MB/s
 
     @property
     def own_ratio(self) -> float:
@@ -152,7 +155,7 @@ def measure(kind: str, size: str, policies: PolicySet, certs: Path, count: int) 
     pl.credentials.replay = MemoryReplayCache(epoch_ms=0)  # in process: no Redis
     signed = policies.route(ROWS["signed"])  # the pass-through carries the signed row's package, as through the gateway
     encrypted = kind != "signed"
-    data = os.urandom(SIZES[size])
+    data = os.urandom(_BYTES[size])
     gcm = AESGCM(AESGCM.generate_key(256))
     makers = {"A": (pl, lambda: request(pl.route, certs, data, encrypted)),
               "B": (pl, lambda: request(pl.route, certs, None, encrypted)),
@@ -221,8 +224,16 @@ def measure_floors(scale: float = 1.0) -> Floors:
 
 
 def run(policies: PolicySet, certs: Path, scale: float = 1.0) -> list[Row]:
-    counts = {s: max(2, round(COUNTS[s] * scale)) for s in SIZES}
-    return [measure(k, s, policies, certs, counts[s]) for k in ROWS for s in SIZES]
+    """The rows of each kind: the fixed cost (FIXED), then the target's sizes."""
+    counts = {s: max(2, round(COUNTS[s] * scale)) for s in _BYTES}
+    return [measure(k, s, policies, certs, counts[s]) for k in ROWS for s in (FIXED, *SIZES)]
+
+
+def crossover_kb(fixed_us: float, own_us_per_kb: float, floor_us_per_kb: float) -> float | None:
+    """The attachment size (KB) from which its own cost, a fixed part and a part per KB, is at most TARGET times
+    the floor's per KB; None: at no size."""
+    room = TARGET * floor_us_per_kb - own_us_per_kb
+    return fixed_us / room if room > 0 else None
 
 
 def report(rows: Sequence[Row], out: TextIO, floors: Floors) -> None:
@@ -244,10 +255,28 @@ def report(rows: Sequence[Row], out: TextIO, floors: Floors) -> None:
           "twice (and ciphered both ways); the median of the rounds, quartiles in brackets, and the median of the "
           "rounds' multiples of their floor)", file=out)  # fmt: skip
     for r in rows:
-        if r.own_us:
+        if r.own_us and r.size != FIXED:
             print(f"  target (issue 21), in process: {r.kind}, {r.size}: {r.own_ratio:.2f}x the floor, at most "
                   f"{TARGET:g}x: {verdict(r.own_ratio)}", file=out)  # fmt: skip
+    by = {(r.kind, r.size): r for r in rows if r.own_us}
+    for kind in ROWS:
+        fixed, large = by.get((kind, FIXED)), by.get((kind, "10 MB"))
+        if fixed is None or large is None:
+            continue
+        kb = _BYTES["10 MB"] / 1024
+        own, floor = statistics.median(large.own_us) / kb, statistics.median(large.floor_us) / kb
+        at = crossover_kb(statistics.median(fixed.own_us), own, floor)
+        print(f"  where the target holds, {kind}: a fixed {statistics.median(fixed.own_us) / 1000:.2f} ms per "
+              f"attachment (the {FIXED} row's own cost) and {own:.2f} us per KB against the floor's {floor:.2f} "
+              f"(the 10 MB row): at most {TARGET:g}x the floor "
+              + _from(at), file=out)  # fmt: skip
     out.flush()
+
+
+def _from(kb: float | None) -> str:
+    if kb is None:
+        return "at no size"
+    return f"from about {kb:,.0f} KB" if kb > 0 else "at every size (a fixed cost below zero: noise)"
 
 
 def verdict(ratio: float) -> str:

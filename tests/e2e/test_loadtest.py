@@ -88,6 +88,9 @@ def test_bench_smoke(tmp_path: Path, pki: Path) -> None:
     # Each row's own cost in paired rounds, beside the floor of those rounds (loadtest/attachment_cpu.measure).
     assert len(re.findall(r"target \(issue 21\), in process: .*: -?[\d.]+x the floor, at most 2x: (met|MISSED)",
                           swa[0])) == 4, swa  # fmt: skip
+    # And from which size the target holds, on the fixed cost per attachment (the 1 KB rows) and the cost per KB.
+    assert len(re.findall(r"where the target holds, .*: a fixed -?[\d.]+ ms per attachment .* at most 2x the floor "
+                          r"(from about [\d,]+ KB|at no size|at every size)", swa[0])) == 2, swa  # fmt: skip
     # And through the gateway, beside them: every row's replies verified, in process and floor figures printed.
     found = re.findall(
         r"^(signed|signed\+encrypted) +(100 KB|10 MB) +(\d+) +(\d+)/(\d+) +[\d.,]+ ms .* -?[\d.,]+ ms +-?[\d.]+x$",

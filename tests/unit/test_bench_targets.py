@@ -152,3 +152,24 @@ def test_attachment_rows_in_process_are_held_to_each_rounds_own_floor() -> None:
     text = out.getvalue()
     assert "target (issue 21), in process: signed, 100 KB: 1.50x the floor, at most 2x: met" in text, text
     assert "target (issue 21), in process: signed+encrypted, 100 KB: 2.50x the floor, at most 2x: MISSED" in text
+
+
+def test_attachment_target_is_stated_from_the_size_where_it_holds() -> None:
+    # A fixed cost per attachment (the 1 KB row) and a cost per KB (the 10 MB row): the 2x target holds from the size
+    # where the fixed part fits in the room the floor leaves; a cost per KB above twice the floor's, at no size.
+    from loadtest.attachment_cpu import FIXED, Floors, Row, crossover_kb, report
+
+    assert crossover_kb(400.0, 1.0, 1.0) == 400.0 and crossover_kb(150.0, 1.5, 1.0) == 300.0
+    assert crossover_kb(100.0, 2.5, 1.0) is None and crossover_kb(100.0, 2.0, 1.0) is None
+    kb = 10 * 1024
+    rows = [Row("signed", FIXED, 2, 1.0, 1.0, own_us=[150.0, 150.0], floor_us=[1.0, 1.0]),
+            Row("signed", "10 MB", 2, 1.0, 1.0, own_us=[1.5 * kb, 1.5 * kb], floor_us=[1.0 * kb, 1.0 * kb]),
+            Row("signed+encrypted", FIXED, 2, 1.0, 1.0, own_us=[400.0, 400.0], floor_us=[1.0, 1.0]),
+            Row("signed+encrypted", "10 MB", 2, 1.0, 1.0, own_us=[2.5 * kb, 2.5 * kb], floor_us=[kb, kb])]  # fmt: skip
+    out = io.StringIO()
+    report(rows, out, Floors(sha256=1000.0, gcm=4000.0))
+    text = out.getvalue()
+    assert "where the target holds, signed: a fixed 0.15 ms per attachment" in text, text
+    assert "1.50 us per KB against the floor's 1.00 (the 10 MB row): at most 2x the floor from about 300 KB" in text
+    assert "where the target holds, signed+encrypted: a fixed 0.40 ms" in text and "at no size" in text
+    assert "target (issue 21), in process: signed, 1 KB" not in text  # the fixed cost is no target row
