@@ -28,7 +28,6 @@ import re
 import threading
 from collections.abc import Callable
 from copy import deepcopy
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from xml.sax.saxutils import escape
@@ -180,7 +179,7 @@ def handle_package(body: bytes, content_type: str) -> tuple[int, str, bytes]:
     if status != 200:
         return status, soap_type, answer
     root = mime.with_content(package.root, answer)
-    return status, content_type, mime.serialize(replace(package, root=root))
+    return status, content_type, mime.serialize(package._replace(root=root))
 
 
 def _exchange(body: bytes, content_type: str) -> tuple[str, int, bytes]:

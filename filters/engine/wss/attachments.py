@@ -77,12 +77,12 @@ def _twice(content_id: str, name: str) -> faults.Fault:
     return faults.security("InvalidSecurity", f"attachment {content_id[:80]!r}: {name} twice")
 
 
-@dataclass
+@dataclass(slots=True)
 class Attachment:
     """One attachment as the Security header processing sees it and changes it (decryption)."""
 
     content_id: str  # without the angle brackets
-    headers: list[tuple[str, str]]
+    headers: Sequence[tuple[str, str]]  # replaced, never changed in place: the part's own tuple until then
     body: bytes | bytearray | memoryview  # decrypted or encrypted here: a bytearray
     signed: str | None = None  # "content" or "complete": how a verified signature covered it
     decrypted: bool = False
@@ -132,7 +132,7 @@ def from_parts(parts: Sequence[mime.Part]) -> Attachments:
     """A multipart message's attachments as the Security header processing sees them: their octets, the
     transfer encoding undone (what the profile signs and encrypts); a binary part's bytes are not copied."""
     return Attachments(
-        Attachment(p.content_id or "", list(p.headers), p.body if p.transfer_encoding != "base64" else xop.octets(p))
+        Attachment(p.content_id or "", p.headers, p.body if p.transfer_encoding != "base64" else xop.octets(p))
         for p in parts
     )
 
