@@ -115,8 +115,8 @@ class Part(NamedTuple):
 
 
 class Package(NamedTuple):
-    """A parsed or assembled package (a NamedTuple: made twice per secured exchange, a frozen dataclass's `__init__`
-    cost ~5x)."""
+    """A parsed or assembled package (a NamedTuple: made for every package parsed or changed; a frozen dataclass's
+    `__init__` cost twice as much)."""
 
     root: Part
     attachments: tuple[Part, ...]
