@@ -28,7 +28,7 @@ the exchange costs beyond carrying it (the envelope's signature both ways includ
 each way), and that over the OpenSSL floor. The pass-through has its own baseline (the signed row's envelope alone
 as plain SOAP on `swa-floor`), and the target's measure is the attachment's own WS-Security cost: (the row - its
 route's baseline) - (the pass-through - its baseline), what the attachment's bytes add to a secured exchange
-beyond carrying them, over the floor for those bytes (docs/performance.md says why).
+beyond carrying them, over the floor for those bytes (docs/attachment-cost.md says why).
 
 Every reply is checked as it arrives (this process's CPU is not counted): HTTP 200, the gateway's signature verified (and the reply decrypted) over
 the envelope and the attachment, the echoed texts and the attachment's bytes as sent.

@@ -1,6 +1,6 @@
-"""Issue 24's bench row, finer: outbound SecureConversation beside outbound hmac in one run (docs/outbound.md "What
-outbound SecureConversation costs"). The bench's outbound rows are measured one after another, and whole rows on a
-shared machine spread by +-10%, more than the difference being asked about. Here one gateway holds both routes of
+"""Issue 24's bench row, finer: outbound SecureConversation beside outbound hmac in one run (docs/outbound-cost.md).
+The bench's outbound rows are measured one after another, and whole rows on a shared machine spread by +-10%, more
+than the difference being asked about. Here one gateway holds both routes of
 each pair and their partner (loadtest/outbound.py), and the load (wrk at saturation, plain 1 KB SOAP to the outbound
 listener, each body sent once) alternates between the two routes in short slices, the order reversed every other
 pair (ABBA: drift cancels). Each slice's CPU per request is the utime+stime of Envoy, the filter workers and Redis

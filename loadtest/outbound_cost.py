@@ -1,4 +1,4 @@
-"""What an outbound call costs the filter workers of both gateways, in instructions per call (docs/outbound.md
+"""What an outbound call costs the filter workers of both gateways, in instructions per call (docs/outbound-cost.md,
 "What a steady-state SecureConversation call costs the worker"; issue 24: outbound SecureConversation at steady
 state no dearer than outbound hmac).
 
