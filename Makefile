@@ -89,8 +89,8 @@ test: $(STAMP) $(WSS4J_JAR) $(METRO_JAR) $(RATELIMIT_BIN) $(JAEGER_BIN) lint
 test-compose: $(STAMP)
 	$(BIN)/pytest -q -s --compose tests/e2e/test_compose_stack.py
 
-# Besides ruff and cargo: the frame/engine contract, the compiled frame against its stub (stubtest) and the glue
-# against the stub (mypy).
+# Besides ruff and cargo: the frame/engine contract, the compiled frame against its stub (stubtest), the glue
+# against the stub and the engine (mypy).
 # The fast lane: tests/unit (the engine, the model, the tools in process; markers by folder, tests/conftest.py).
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "unit and not slow"
@@ -100,7 +100,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports  # the layers and no import circle: [tool.importlinter] in pyproject.toml
 	$(BIN)/python -m mypy.stubtest wsgate_frame --allowlist $(FRAME)/stubtest-allowlist.txt
-	$(BIN)/mypy filters/worker.py
+	$(BIN)/mypy filters/worker.py filters/engine
 	cd $(FRAME) && cargo fmt --check
 	cd $(FRAME) && PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo clippy -q --release --locked --all-targets -- -D warnings
 

@@ -83,7 +83,8 @@ class RoutePipeline:
         attachments = self.route.attachments
         with metrics.stage(self.route, "parse"):
             msg = related.receive(headers.get("content-type"), body, attachments)
-            env = parse_envelope(body if msg is None else msg.root_bytes, self.route.limits)
+            # Not multipart, the body is bytes (filters/worker.py), which bytes() returns as it is: no copy.
+            env = parse_envelope(bytes(body) if msg is None else msg.root_bytes, self.route.limits)
             if msg is not None:
                 related.check(msg, env, attachments)
         ex.soap_version, ex.request_mime = env.version, msg
@@ -117,7 +118,7 @@ class RoutePipeline:
         try:
             with metrics.stage(self.route, "parse"):
                 msg = related.receive(ex.response_type, body, attachments)
-                env = parse_envelope(body if msg is None else msg.root_bytes, self.route.response_limits)
+                env = parse_envelope(bytes(body) if msg is None else msg.root_bytes, self.route.response_limits)
                 if msg is not None:
                     related.check(msg, env, attachments)
                     if attachments.to_client == "inline":

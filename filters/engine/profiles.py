@@ -7,7 +7,7 @@ replay store, the response signer. The hot path only parses, verifies, secures a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,7 +136,7 @@ class SecuredPipeline(RoutePipeline):
             self.credentials.psk = keys.load_hmac_keys(route.hmac.keys_file)
         self.backend_issuer = saml_issuer.Issuer(route.backend_assertion) if route.backend_assertion else None
 
-    def request(self, body: bytes | memoryview, headers: dict[str, str], ex: Exchange) -> Outcome:
+    def request(self, body: bytes | memoryview, headers: Mapping[str, str], ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_request(body, headers, ex)
         with metrics.stage(route, "security_header"):
@@ -166,7 +166,12 @@ class SecuredPipeline(RoutePipeline):
         return verified
 
     def deliver(
-        self, env: Envelope, verified: wssecurity.Verified, subject: str | None, headers: dict[str, str], ex: Exchange
+        self,
+        env: Envelope,
+        verified: wssecurity.Verified,
+        subject: str | None,
+        headers: Mapping[str, str],
+        ex: Exchange,
     ) -> Outcome:
         """The verified request as the backend gets it: unsigned header blocks handled as the route says, and
         who sent it in the identity header."""
@@ -222,7 +227,7 @@ class SecuredPipeline(RoutePipeline):
         # The reply's WS-Addressing headers signed where the published policy's SignedParts name them (the route
         # signs addressing; a SecureConversation bootstrap always does): Metro refuses a reply without them.
         route = self.route
-        signed_parts = ("body", "timestamp")
+        signed_parts: tuple[str, ...] = ("body", "timestamp")
         if "addressing" in route.signature.parts or route.profile == "secureconversation":
             signed_parts += ("addressing",)
         swa = route.attachment_security
@@ -285,7 +290,7 @@ class SecureConversationPipeline(SecuredPipeline):
         sts = route.saml_token_service
         self.saml_issuer = saml_issuer.Issuer(sts) if sts else None
 
-    def request(self, body: bytes | memoryview, headers: dict[str, str], ex: Exchange) -> Outcome:
+    def request(self, body: bytes | memoryview, headers: Mapping[str, str], ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_request(body, headers, ex)
         security = wssecurity.find_security(env)
@@ -309,7 +314,7 @@ class SecureConversationPipeline(SecuredPipeline):
         return self.deliver(env, verified, verified.context.subject, headers, ex)
 
     def _answer(
-        self, rst: ws_trust.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime
+        self, rst: ws_trust.Rst, env: Envelope, verified: wssecurity.Verified, headers: Mapping[str, str], now: datetime
     ) -> Outcome:
         route = self.route
         relates_to = ws_trust.message_id(env)
@@ -343,7 +348,7 @@ class SecureConversationPipeline(SecuredPipeline):
         return Outcome(body=reply.serialize(), answer=True)
 
     def _answer_saml(
-        self, rst: ws_trust.Rst, env: Envelope, verified: wssecurity.Verified, headers: dict[str, str], now: datetime
+        self, rst: ws_trust.Rst, env: Envelope, verified: wssecurity.Verified, headers: Mapping[str, str], now: datetime
     ) -> Outcome:
         """Issue a SAML 2.0 assertion (route.saml_token_service) to the X.509 signer of the request."""
         route, policy = self.route, self.route.saml_token_service
@@ -397,7 +402,7 @@ class SamlPipeline(SecuredPipeline):
         self.validator = saml.validator(policy, issuer_trust)
         self.credentials.saml = self.validator
 
-    def request(self, body: bytes | memoryview, headers: dict[str, str], ex: Exchange) -> Outcome:
+    def request(self, body: bytes | memoryview, headers: Mapping[str, str], ex: Exchange) -> Outcome:
         route = self.route
         env = self.parse_request(body, headers, ex)
         security = wssecurity.find_security(env)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding
+from cryptography.hazmat.primitives.asymmetric import padding, utils
 from lxml import etree
 from pydantic import ValidationError
 
@@ -110,6 +110,23 @@ def test_token_key_does_not_leave_the_token(hsm: Path) -> None:
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     with pytest.raises(TypeError):
         key.private_numbers()
+
+
+def test_token_key_its_attributes_keep_from_signing_or_decrypting_is_a_policy_fault(
+    hsm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pkcs11 gives a key `sign` and `decrypt` only where its CKA_SIGN and CKA_DECRYPT are true: a key without is
+    named as the policy's error (a 500 fault), not an internal error; a signature without a DigestInfo is refused
+    as any padding the token does not do."""
+    key = keys.load_private_key(hsm_mod.uri(hsm, "gateway-sign"))
+    with pytest.raises(ValueError, match="DigestInfo"):
+        key.sign(b"\x00" * 32, padding.PKCS1v15(), utils.NoDigestInfo())
+    monkeypatch.setattr(token, "_find_key", lambda entry, ref: object())  # a key of neither capability
+    with pytest.raises(faults.Fault, match="CKA_SIGN is false") as signing:
+        key.sign(b"data", padding.PKCS1v15(), hashes.SHA256())
+    with pytest.raises(faults.Fault, match="CKA_DECRYPT is false"):
+        key.decrypt(b"\x00" * 256, OAEP_SHA1)
+    assert signing.value.http_status == 500
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from cryptography.x509.oid import NameOID
 
 from certs import hsm
 from filters.engine.engine import Exchange
@@ -93,3 +99,16 @@ def round_trip(pipeline: SecuredPipeline, client: Client, plain: bytes) -> tuple
     reply = pipeline.response(echo_response(backend_got), ex).body
     assert reply is not None
     return backend_got, client.open(reply, pending).serialize()
+
+
+def eddsa_certificate(path: Path) -> Path:
+    """A self-signed Ed25519 certificate: a key of no size and no numbers (the engine's keys are RSA)."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "EdDSA")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder(name, name, key.public_key(), x509.random_serial_number(), now, now + timedelta(days=1))
+        .sign(key, None)
+    )  # fmt: skip
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path

@@ -16,11 +16,11 @@ from prometheus_client import REGISTRY
 
 from certs import pki as pki_mod
 from filters.engine.engine import Engine
-from filters.engine.wss import keys
+from filters.engine.wss import inventory, keys
 from filters.stores.factory import RouteStores
 from gateway.policy import PolicySet, Route
 from tests.support.harness import write_policies
-from tests.support.wss_helpers import route_doc, token_route
+from tests.support.wss_helpers import eddsa_certificate, route_doc, token_route
 
 WSGATE = Path(sys.executable).parent / "wsgate"
 
@@ -104,3 +104,15 @@ def test_certificate_expiry_metric_per_route_and_use(pki: Path, hsm: Path, tmp_p
         == keys.load_certificate(pki / "gateway-enc.pem").not_valid_after_utc.timestamp()
     )
     assert value("metric-soon", "trust_anchor") == keys.load_certificate(pki / "ca.pem").not_valid_after_utc.timestamp()
+
+
+def test_inventory_lists_an_eddsa_certificate_and_never_takes_it_for_an_rsa_keys(pki: Path, tmp_path: Path) -> None:
+    """Not an internal error (an EdDSA key has neither a size nor numbers): listed without a size, and not the
+    certificate of the decryption key it lies beside."""
+    (tmp_path / "enc.key").write_bytes((pki / "gateway-enc.key").read_bytes())
+    known = eddsa_certificate(tmp_path / "known.pem")
+    eddsa_certificate(tmp_path / "enc.pem")
+    doc = route_doc(pki, "rsa", rsa={"decryption_key": str(tmp_path / "enc.key"), "known_certificates": [str(known)]})
+    items = {i.use: i for i in inventory.route_items(Route.model_validate(with_upstream(doc)))}
+    assert (items["known_signer"].algorithm, items["known_signer"].size) == ("X.509", None)
+    assert items["decryption"].size == 2048 and items["decryption"].certificate is None

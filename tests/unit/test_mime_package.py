@@ -84,6 +84,20 @@ def test_a_base64_attachment_is_inlined_as_its_octets() -> None:
     )
 
 
+def test_an_attachment_deciphered_here_is_inlined_as_its_octets_not_an_internal_error() -> None:
+    """A part the SwA profile decrypted holds a bytearray (attachments.to_package), which has no `tobytes`: an
+    MTOM request whose xop:Include names such a part, on a route that inlines, made a 500 of an internal error."""
+    ct, body = build.mtom({"a@test": b"ciphertext"})
+    pkg = mime.parse(ct, body, LIMITS)
+    part = pkg.attachments[0]
+    plain = bytearray(b"\x00plain\xff")
+    deciphered = mime.Part(part.headers, part.content_id, part.content_type, plain)
+    root = etree.fromstring(bytes(pkg.root.body))
+    includes = xop.includes(root)
+    assert xop.inline(includes, pkg.with_attachments((deciphered,))) == {"a@test"}
+    assert base64.b64decode(root.findtext(".//{urn:docs}Doc") or "") == plain
+
+
 def test_a_package_whose_root_a_secured_profile_changes_keeps_its_attachments_as_they_came() -> None:
     ct, body = build.swa({"img@test": b"\x89PNG..."})
     pkg = mime.parse(ct, body, LIMITS)

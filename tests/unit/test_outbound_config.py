@@ -10,8 +10,14 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from filters.engine import faults, ns
+from filters.engine.outbound import OutboundPipeline
+from filters.engine.pipeline import Exchange
+from filters.stores.factory import RouteStores
 from gateway.control import envoy_config
 from gateway.policy import PolicyError, PolicySet, Route
+from tests.support import mime
+from tests.support.wss_helpers import route_doc
 from tests.unit.test_envoy_config import assert_envoy_accepts
 
 TOPO = envoy_config.Topology()
@@ -170,3 +176,23 @@ def test_outbound_username_token_kept_by_tls_is_not_refused_on_its_plain_listene
     entries = own["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
     assert [e for e in entries if e["name"] == "partner" and "route" in e]
     assert not [e for e in entries if e.get("direct_response", {}).get("status") == 426]
+
+
+def test_a_multipart_message_on_an_outbound_route_that_takes_attachments_is_refused_as_not_soap(pki: Path) -> None:
+    """The worker lends a multipart body, on a route that takes attachments, as a memoryview; an outbound route
+    secures plain SOAP only: such a request is refused as the application's fault, such a reply as the partner's
+    (502), as where the route takes no attachments; never an internal error."""
+    doc = route_doc(pki, "rsa", name="out", attachments={"accept": True}, direction="outbound")
+    doc["upstream"] = {"address": "partner.example:443", "tls": True, "ca": str(pki / "ca.pem")}
+    doc["outbound"] = {"listen": "127.0.0.1:9300", "partner_certificate": str(pki / "client.pem")}
+    pipeline = OutboundPipeline(Route.model_validate(doc), RouteStores())
+    ct, body = mime.swa({"a@test": b"attached"})
+    with pytest.raises(faults.Fault) as request:
+        pipeline.request(memoryview(body), {"content-type": ct}, Exchange(pipeline.route))
+    assert request.value.sender
+    ex = Exchange(pipeline.route)
+    plain = f'<s:Envelope xmlns:s="{ns.SOAP11}"><s:Body><echo xmlns="urn:t"/></s:Body></s:Envelope>'.encode()
+    pipeline.request(plain, {"content-type": "text/xml"}, ex)
+    with pytest.raises(faults.Fault) as reply:
+        pipeline.response(memoryview(body), ex)
+    assert reply.value.http_status == 502

@@ -15,11 +15,12 @@ from signxml import InvalidSignature, XMLVerifier
 
 from certs import hsm as hsm_mod
 from filters.engine import ns
+from filters.engine.faults import Fault
 from filters.engine.wss import inventory, keys
 from filters.engine.wss.saml_issuer import AC_X509, NAMEID_X509, Identity, Issuer
 from filters.engine.wss.timestamp import format_datetime
 from gateway.policy import BackendAssertion, Route
-from tests.support.wss_helpers import route_doc
+from tests.support.wss_helpers import eddsa_certificate, route_doc
 
 SAML = {"saml2": ns.SAML2, "ds": ns.DS}
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -107,3 +108,9 @@ def test_expiring_saml_signing_certificate_is_in_the_inventory(pki: Path) -> Non
     doc["upstream"] = {"address": "127.0.0.1:1"}
     items = [i for i in inventory.route_items(Route.model_validate(doc)) if i.use == "saml_signing"]
     assert [(i.source, i.certificate is not None) for i in items] == [(str(pki / "gateway-sign.key"), True)]
+
+
+def test_issuer_with_an_eddsa_certificate_refused_as_not_its_keys(pki: Path, tmp_path: Path) -> None:
+    """A policy error named as one (the key has no numbers to compare), not an internal error."""
+    with pytest.raises(Fault, match="not the key's"):
+        Issuer(policy(pki).model_copy(update={"certificate": str(eddsa_certificate(tmp_path / "eddsa.pem"))}))

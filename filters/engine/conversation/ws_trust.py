@@ -75,18 +75,21 @@ class Rst:
     saml: SamlRequest | None = None  # Issue of a SAML 2.0 assertion
 
 
+Confirmation = Literal["holder-of-key", "bearer"]
+
+
 @dataclass(frozen=True)
 class SamlRequest:
     """What an Issue RST for a SAML 2.0 assertion asks: a confirmation (None: the route's first) and where the
     token is to be used (wsp:AppliesTo's address, None when absent)."""
 
-    confirmation: Literal["holder-of-key", "bearer"] | None
+    confirmation: Confirmation | None
     applies_to: str | None
 
 
 # WS-Trust 1.3 (the SAML token type is issued with this version only: 2005/02 has no Bearer key type).
 WST_1_3 = WSC_1_3.wst
-SAML_KEY_TYPES = {f"{WST_1_3}/PublicKey": "holder-of-key", f"{WST_1_3}/Bearer": "bearer"}
+SAML_KEY_TYPES: dict[str, Confirmation] = {f"{WST_1_3}/PublicKey": "holder-of-key", f"{WST_1_3}/Bearer": "bearer"}
 SAML_ISSUE_ACTION = f"{WST_1_3}/RST/Issue"
 SAML_ISSUE_REPLY_ACTION = f"{WST_1_3}/RSTRC/IssueFinal"
 MAX_APPLIES_TO = 1024

@@ -40,7 +40,7 @@ ROOT_TYPES = frozenset({"text/xml", "application/soap+xml", "application/xop+xml
 ENCODINGS = frozenset({"binary", "8bit", "7bit", "base64"})
 ROOT_ENCODINGS = frozenset({"binary", "8bit", "7bit"})
 # A serialized package: its pieces in order, joined only where they are written (the frame writes them to Envoy).
-Segments = tuple[bytes | memoryview, ...]
+Segments = tuple[bytes | bytearray | memoryview, ...]  # a bytearray: an attachment ciphered here
 
 
 class Limits(Protocol):
@@ -93,7 +93,7 @@ class Part(NamedTuple):
     headers: tuple[tuple[str, str], ...]  # as received, in order (names as spelled, values without outer spaces)
     content_id: str | None  # without angle brackets
     content_type: str  # the Content-Type header's value as received
-    body: memoryview | bytes  # the content, still in its transfer encoding
+    body: memoryview | bytes | bytearray  # the content, still in its transfer encoding (bytearray: ciphered here)
     raw_headers: memoryview | bytes | None = None  # the header block as received: serialized as it came
     parsed_type: MediaType | None = None  # content_type as `parse` read it
 
@@ -358,7 +358,7 @@ def segments(boundary: str, parts: Iterable[Part]) -> Segments:
     """A package's parts (its root first) serialized: each part's header block and content as they are
     (byte-exact for untouched parts, the very slices received), between delimiters of `boundary`. No copy."""
     dash = b"--" + boundary.encode("ascii")
-    pieces: list[bytes | memoryview] = []
+    pieces: list[bytes | bytearray | memoryview] = []
     for p in parts:
         pieces += [dash, CRLF, _header_block(p), CRLF, p.body, CRLF]
     pieces += [dash, b"--", CRLF]

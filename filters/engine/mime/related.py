@@ -33,8 +33,7 @@ class Message:
 
     @property
     def root_bytes(self) -> bytes:
-        body = self.package.root.body
-        return body if isinstance(body, bytes) else body.tobytes()
+        return bytes(self.package.root.body)  # a bytes body is returned as it is, not copied
 
     @property
     def soap_type(self) -> str:

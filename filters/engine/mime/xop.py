@@ -107,7 +107,7 @@ def check_includes(root: etree._Element, package: mime.Package, xop_package: boo
 def octets(part: mime.Part) -> bytes:
     """The part's content without its transfer encoding."""
     if part.transfer_encoding != "base64":
-        return part.body if isinstance(part.body, bytes) else part.body.tobytes()
+        return bytes(part.body)  # a bytes body is returned as it is, not copied
     try:
         return base64.b64decode(bytes(part.body).replace(b"\r\n", b""), validate=True)
     except binascii.Error:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from email.header import decode_header, make_header
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import AEADEncryptionContext, Cipher, CipherContext, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
@@ -342,13 +342,13 @@ def canonical_headers(headers: Sequence[tuple[str, str]]) -> bytes:
     found.setdefault("Content-Type", DEFAULT_CONTENT_TYPE)
     out = ""
     for name in LISTED:
-        value = found.get(name)
-        if value is not None:
-            out += f"{name}:{value}" if value.endswith("\r\n") else f"{name}:{value}\r\n"
+        canonical = found.get(name)
+        if canonical is not None:
+            out += f"{name}:{canonical}" if canonical.endswith("\r\n") else f"{name}:{canonical}\r\n"
     return out.encode("utf-8")
 
 
-def _chunks(body: bytes | memoryview) -> Iterator[memoryview]:
+def _chunks(body: bytes | bytearray | memoryview) -> Iterator[memoryview]:
     view = memoryview(body)
     for start in range(0, len(view), CHUNK):
         yield view[start : start + CHUNK]
@@ -365,7 +365,7 @@ def _crlf(chunks: Iterable[memoryview]) -> Iterator[bytes]:
         yield data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
 
 
-def content_form(attachment: Attachment) -> Iterator[bytes | memoryview]:
+def content_form(attachment: Attachment) -> Iterator[bytes | bytearray | memoryview]:
     """The Attachment-Content-Signature-Transform's output, in pieces."""
     mime = attachment.content_type
     if _XML_TYPE.match(mime):
@@ -428,7 +428,7 @@ def is_attachment_data(ed: etree._Element) -> bool:
     return ed.get("Type") in ENCRYPTED_TYPES
 
 
-def _decrypt_stream(key: bytes, alg_name: str, body: bytes | memoryview) -> bytearray:
+def _decrypt_stream(key: bytes, alg_name: str, body: bytes | bytearray | memoryview) -> bytearray:
     """The plaintext, deciphered in one pass into one buffer (`*_into`: no per-chunk bytes, no regrowth).
     GCM: the tag is checked before the caller sees any of it."""
     algorithm = encryption.DATA[alg_name]
@@ -593,9 +593,11 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
 def _encrypt_stream(algorithm: str, key: bytes, head: bytes, body: bytes | bytearray | memoryview) -> bytearray:
     """IV || ciphertext of head, body (and CBC padding) (|| tag), written once into one buffer: no copy of the body."""
     alg = encryption.DATA[algorithm]
+    encryptor: CipherContext
+    gcm: AEADEncryptionContext | None = None  # the same encryptor, for its tag
     if alg.gcm:
         iv = os.urandom(encryption.GCM_IV)
-        encryptor = Cipher(algorithms.AES(key), modes.GCM(iv)).encryptor()
+        encryptor = gcm = Cipher(algorithms.AES(key), modes.GCM(iv)).encryptor()
     else:
         iv = os.urandom(encryption.BLOCK)
         encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
@@ -610,8 +612,8 @@ def _encrypt_stream(algorithm: str, key: bytes, head: bytes, body: bytes | bytea
         if piece:  # GCM has no tail, Content-Only no head: no call for them
             at += encryptor.update_into(piece, view[at:])
     encryptor.finalize()  # nothing is held back: GCM streams, the CBC plaintext is whole blocks by now
-    if alg.gcm:
-        view[at : at + encryption.GCM_TAG] = encryptor.tag
+    if gcm is not None:
+        view[at : at + encryption.GCM_TAG] = gcm.tag
         at += encryption.GCM_TAG
     view.release()
     del out[at:]

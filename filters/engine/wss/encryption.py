@@ -33,7 +33,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import AEADEncryptionContext, Cipher, CipherContext, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
@@ -443,9 +443,11 @@ def _put_back(ed: etree._Element, key: bytes) -> etree._Element:
 def _encrypt(alg: _DataAlgorithm, key: bytes, parts: list[bytes]) -> bytes:
     """IV || ciphertext (|| tag), base64: the CipherValue text, with one buffer for the whole ciphertext."""
     size = sum(len(p) for p in parts)
+    encryptor: CipherContext
+    gcm: AEADEncryptionContext | None = None  # the same encryptor, for its tag
     if alg.gcm:
         iv = os.urandom(GCM_IV)
-        encryptor = Cipher(algorithms.AES(key), modes.GCM(iv)).encryptor()
+        encryptor = gcm = Cipher(algorithms.AES(key), modes.GCM(iv)).encryptor()
         total = GCM_IV + size + GCM_TAG
         buf = bytearray(total)
         head = GCM_IV
@@ -462,8 +464,8 @@ def _encrypt(alg: _DataAlgorithm, key: bytes, parts: list[bytes]) -> bytes:
     for part in parts:
         head += encryptor.update_into(part, view[head:])
     encryptor.finalize()  # nothing is held back: GCM streams, and the CBC plaintext is whole blocks by now
-    if alg.gcm:
-        view[head:total] = encryptor.tag
+    if gcm is not None:
+        view[head:total] = gcm.tag
     return base64.b64encode(view[:total])
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, rsa
 
 from filters.engine import faults
 from filters.engine.wss import keys, token
@@ -54,7 +54,10 @@ def _beside(path: Path, key: rsa.RSAPrivateKey) -> x509.Certificate | None:
         cert = keys.load_certificate(pem)
     except (OSError, ValueError):
         return None
-    return cert if cert.public_key().public_numbers() == key.public_key().public_numbers() else None
+    public = cert.public_key()
+    if not isinstance(public, rsa.RSAPublicKey):  # another kind of key (an EdDSA one has no numbers to compare)
+        return None
+    return cert if public.public_numbers() == key.public_key().public_numbers() else None
 
 
 def _certificate(path: str | None) -> x509.Certificate | None:
@@ -72,8 +75,16 @@ def _certificates(use: str, paths: list[str]) -> list[Item]:
         except (OSError, ValueError) as exc:
             out.append(Item(use, path, "file", f"unavailable ({type(exc).__name__})", None))
             continue
-        out += [Item(use, path, "file", "X.509", c.public_key().key_size, c) for c in certs]  # type: ignore[union-attr]
+        out += [Item(use, path, "file", "X.509", _key_size(c), c) for c in certs]
     return out
+
+
+def _key_size(cert: x509.Certificate) -> int | None:
+    """Bits of the certificate's key; None for the kinds that name no size (EdDSA, X25519...)."""
+    public = cert.public_key()
+    if isinstance(public, rsa.RSAPublicKey | ec.EllipticCurvePublicKey | dsa.DSAPublicKey):
+        return public.key_size
+    return None
 
 
 def _secrets(use: str, path: str, algorithm: str) -> Item:

@@ -25,6 +25,8 @@ from lxml import etree
 
 from filters.engine import metrics
 from filters.engine.wss import digest_cache
+from filters.engine.wss.digest_cache import DigestCache
+from filters.engine.wss.digest_cache import Key as DigestKey
 from filters.engine.xml import c14n
 from gateway.policy import Route
 
@@ -47,8 +49,9 @@ class Optimizations:
     """One route's optimizations with their per-worker state. `route` None: no metrics (clients, tests)."""
 
     on_demand_c14n: bool = False
-    digest_cache: digest_cache.DigestCache | None = None  # the receiving side's memo
-    prehash: digest_cache.DigestCache | None = None  # the signing side's memo
+    # Annotated by the names imported: in the class body `digest_cache` is this field, not the module.
+    digest_cache: DigestCache | None = None  # the receiving side's memo
+    prehash: DigestCache | None = None  # the signing side's memo
     route: Route | None = None
     counts: Counts = field(default_factory=Counts)
 
@@ -60,8 +63,8 @@ class Optimizations:
             return None
         return cls(
             on_demand_c14n=opts.on_demand_c14n,
-            digest_cache=digest_cache.DigestCache(opts.cache_entries) if opts.digest_cache else None,
-            prehash=digest_cache.DigestCache(opts.cache_entries) if opts.prehash else None,
+            digest_cache=DigestCache(opts.cache_entries) if opts.digest_cache else None,
+            prehash=DigestCache(opts.cache_entries) if opts.prehash else None,
             route=route,
         )
 
@@ -73,11 +76,11 @@ class Optimizations:
 
     def check(
         self, el: etree._Element, prefixes: Sequence[str], algorithm: str, expected: bytes, *, cacheable: bool
-    ) -> tuple[bool, tuple[digest_cache.Key, bytes] | None]:
+    ) -> tuple[bool, tuple[DigestKey, bytes] | None]:
         """Whether the digest of `el` is `expected`, and what to remember once the whole signature verified.
         `cacheable`: the element may recur (not a per-message token such as the Timestamp)."""
         cache = self.digest_cache if cacheable else None
-        memo: digest_cache.Key | None = None
+        memo: DigestKey | None = None
         if self.on_demand_c14n or cache is not None:
             form = c14n.received_form(el)
             if self.on_demand_c14n:
@@ -96,7 +99,7 @@ class Optimizations:
         got = c14n.digest(el, prefixes, algorithm)
         return hmac.compare_digest(got, expected), (memo, got) if memo is not None else None
 
-    def verified(self, learned: Sequence[tuple[digest_cache.Key, bytes]]) -> None:
+    def verified(self, learned: Sequence[tuple[DigestKey, bytes]]) -> None:
         """The signature verified directly: remember its new (element -> digest) pairs."""
         self.counts.verified += 1
         self._count("direct_c14n", "verified")

@@ -43,8 +43,8 @@ METHODS = {
     for v in ("2.0", "1.0")
     for m in ("bearer", "sender-vouches", "holder-of-key")
 }
-ENVELOPED = xmlsec.Transform.ENVELOPED.href
-EXC_C14N = xmlsec.Transform.EXCL_C14N.href
+ENVELOPED = xmlsec.constants.TransformEnveloped.href
+EXC_C14N = xmlsec.constants.TransformExclC14N.href
 # The issuer's signature, element by element (ds: names only).
 _SIGNATURE_PARTS = [[ns.q(ns.DS, n) for n in names] for names in
                     (("SignedInfo", "SignatureValue"), ("SignedInfo", "SignatureValue", "KeyInfo"))]  # fmt: skip

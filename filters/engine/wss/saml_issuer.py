@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from lxml import etree
 
 from filters.engine import faults, ns
@@ -126,7 +126,11 @@ class Issuer:
         self.lifetime = timedelta(seconds=policy.lifetime_s)
         self.key = keys.load_private_key(policy.key)
         certificate = keys.load_certificate(policy.certificate)
-        if certificate.public_key().public_numbers() != self.key.public_key().public_numbers():
+        public = certificate.public_key()  # of another kind (an EdDSA one has no numbers): not the key's either
+        if (
+            not isinstance(public, rsa.RSAPublicKey)
+            or public.public_numbers() != self.key.public_key().public_numbers()
+        ):
             raise faults.server(f"SAML issuer: certificate {policy.certificate} is not the key's")
         self.certificate_b64 = base64.b64encode(certificate.public_bytes(serialization.Encoding.DER)).decode()
 

@@ -24,9 +24,9 @@ import functools
 import hashlib
 import hmac
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import xmlsec
 from cryptography import x509
@@ -44,21 +44,35 @@ if TYPE_CHECKING:
     from filters.engine.wss.optimizations import Optimizations
     from gateway.policy import SignaturePolicy
 
-T = xmlsec.Transform
-SIGNATURE_METHODS: dict[str, xmlsec.Transform] = {
-    "rsa-sha256": T.RSA_SHA256,
-    "rsa-sha1": T.RSA_SHA1,
-    "hmac-sha256": T.HMAC_SHA256,
-    "hmac-sha1": T.HMAC_SHA1,
+
+class Transform(Protocol):
+    """An xmlsec transform, as read here. At run time an `xmlsec.constants.__Transform`, one object per transform
+    (`xmlsec.Transform.X` is the same object); not the NamedTuple xmlsec's stubs say: no tuple at all."""
+
+    @property
+    def href(self) -> str: ...
+
+
+SIGNATURE_METHODS: dict[str, Transform] = {
+    "rsa-sha256": xmlsec.constants.TransformRsaSha256,
+    "rsa-sha1": xmlsec.constants.TransformRsaSha1,
+    "hmac-sha256": xmlsec.constants.TransformHmacSha256,
+    "hmac-sha1": xmlsec.constants.TransformHmacSha1,
 }
-DIGEST_METHODS: dict[str, xmlsec.Transform] = {"sha256": T.SHA256, "sha1": T.SHA1}
-_RSA_HASHES = {"rsa-sha256": hashes.SHA256, "rsa-sha1": hashes.SHA1}
+DIGEST_METHODS: dict[str, Transform] = {
+    "sha256": xmlsec.constants.TransformSha256,
+    "sha1": xmlsec.constants.TransformSha1,
+}
+_RSA_HASHES: dict[str, Callable[[], hashes.HashAlgorithm]] = {"rsa-sha256": hashes.SHA256, "rsa-sha1": hashes.SHA1}
 # HMAC signature methods -> hashlib names: on the direct paths the MAC is `hmac`'s, no xmlsec key or context.
 HMAC_HASHES = {"hmac-sha256": "sha256", "hmac-sha1": "sha1"}
 DIGEST_NAMES = {t.href: name for name, t in DIGEST_METHODS.items()}
 DIGEST_SIZES = {t.href: hashlib.new(name).digest_size for name, t in DIGEST_METHODS.items()}
-C14N_METHODS: dict[str, xmlsec.Transform] = {t.href: t for t in (T.EXCL_C14N, T.C14N)}
-REFERENCE_TRANSFORMS: dict[str, xmlsec.Transform] = {t.href: t for t in (T.EXCL_C14N, T.C14N, T.ENVELOPED)}
+EXCL_C14N: Transform = xmlsec.constants.TransformExclC14N
+_INCL_C14N: Transform = xmlsec.constants.TransformInclC14N
+_ENVELOPED: Transform = xmlsec.constants.TransformEnveloped
+C14N_METHODS: dict[str, Transform] = {t.href: t for t in (EXCL_C14N, _INCL_C14N)}
+REFERENCE_TRANSFORMS: dict[str, Transform] = {t.href: t for t in (EXCL_C14N, _INCL_C14N, _ENVELOPED)}
 MAX_REFERENCES = 30
 MAX_TRANSFORMS = 5
 MIN_HMAC_KEY = 16  # bytes; anything shorter is guessable, whoever supplied it
@@ -149,7 +163,7 @@ def id_index(root: etree._Element) -> dict[str, etree._Element]:
 # Verification
 
 
-def _algorithm(el: etree._Element, allowed: dict[str, xmlsec.Transform], what: str) -> xmlsec.Transform:
+def _algorithm(el: etree._Element, allowed: dict[str, Transform], what: str) -> Transform:
     uri = el.get("Algorithm") or ""
     found = allowed.get(uri)
     if found is None:
@@ -157,27 +171,30 @@ def _algorithm(el: etree._Element, allowed: dict[str, xmlsec.Transform], what: s
     return found
 
 
-def _check_c14n_children(el: etree._Element, algorithm: xmlsec.Transform, what: str) -> None:
+def _check_c14n_children(el: etree._Element, algorithm: Transform, what: str) -> None:
     children = _children(el)
     # Exclusive C14N may carry its InclusiveNamespaces; no algorithm here takes any other parameter.
-    if algorithm is T.EXCL_C14N and [c.tag for c in children] in ([], [INCLUSIVE_NAMESPACES]):
+    if algorithm is EXCL_C14N and [c.tag for c in children] in ([], [INCLUSIVE_NAMESPACES]):
         return
     if children:
         raise faults.security("InvalidSecurity", f"{what} has unexpected parameters")
 
 
 def _check_reference(
-    ref: etree._Element, digests: dict[str, xmlsec.Transform], cid: bool
+    ref: etree._Element, digests: dict[str, Transform], cid: bool
 ) -> tuple[str, bytes, SwaPlan | None]:
     """The id a ds:Reference points to ("cid:..." for an attachment, where `cid` allows them), its DigestValue
     decoded and, for an attachment, how it is digested; after checking its URI, transforms and digest method."""
     uri = ref.get("URI") or ""
     attachment = cid and uri.startswith("cid:")
-    m = None if attachment else _LOCAL_REF.fullmatch(uri)
     swa_transform = None
-    if m is None and not attachment:
-        raise faults.security("InvalidSecurity", f"reference URI {uri[:80]!r} is not a same-document '#id'")
-    target = uri if attachment else m[1]  # type: ignore[index]
+    if attachment:
+        target = uri
+    else:
+        m = _LOCAL_REF.fullmatch(uri)
+        if m is None:
+            raise faults.security("InvalidSecurity", f"reference URI {uri[:80]!r} is not a same-document '#id'")
+        target = m[1]
     parts = _children(ref)
     tags = [p.tag for p in parts]
     if attachment:  # exactly one SwA transform, without parameters (attachments.py)
@@ -197,7 +214,9 @@ def _check_reference(
                 raise faults.security("InvalidSecurity", f"unexpected {t.tag} in ds:Transforms")
             if t.get("Algorithm") == str_transform.ALGORITHM:
                 if len(transforms) != 1:
-                    raise faults.security("InvalidSecurity", f"reference #{m[1]}: STR-Transform with other transforms")
+                    raise faults.security(
+                        "InvalidSecurity", f"reference #{target}: STR-Transform with other transforms"
+                    )
                 str_transform.prefix_list(t)
                 continue
             _check_c14n_children(t, _algorithm(t, REFERENCE_TRANSFORMS, "transform"), "ds:Transform")
@@ -250,12 +269,13 @@ def _check_signature(
     if _has_children(info[1]):
         raise faults.security("InvalidSecurity", "ds:SignatureMethod has unexpected parameters")
     # The key decides the algorithm family, never the message: no HMAC keyed with a public certificate.
-    hmac_key = isinstance(key, bytes)
-    if algorithm.startswith("hmac") != hmac_key or (
-        not hmac_key and not isinstance(key.public_key(), rsa.RSAPublicKey)
-    ):
+    if isinstance(key, bytes):
+        fits = algorithm.startswith("hmac")
+    else:
+        fits = not algorithm.startswith("hmac") and isinstance(key.public_key(), rsa.RSAPublicKey)
+    if not fits:
         raise faults.security("UnsupportedAlgorithm", f"signature method {algorithm} does not fit the key")
-    if hmac_key and len(key) < MIN_HMAC_KEY:
+    if isinstance(key, bytes) and len(key) < MIN_HMAC_KEY:
         raise faults.security("InvalidSecurity", f"HMAC key of {len(key)} bytes (at least {MIN_HMAC_KEY})")
 
     digests = {DIGEST_METHODS[d].href: DIGEST_METHODS[d] for d in policy.digests}
@@ -341,14 +361,14 @@ def _certificate_key(cert: x509.Certificate) -> xmlsec.Key:
     return xmlsec.Key.from_memory(cert.public_bytes(serialization.Encoding.PEM), xmlsec.constants.KeyDataFormatCertPem)
 
 
-def _context(key: xmlsec.Key, method: xmlsec.Transform, digests: Sequence[xmlsec.Transform]) -> xmlsec.SignatureContext:
+def _context(key: xmlsec.Key, method: Transform, digests: Sequence[Transform]) -> xmlsec.SignatureContext:
     """A context that accepts only our algorithms, so xmlsec itself enforces what we checked."""
     ctx = xmlsec.SignatureContext()
     ctx.key = key
     for t in (*REFERENCE_TRANSFORMS.values(), *digests):
-        ctx.enable_reference_transform(t)
+        ctx.enable_reference_transform(t)  # type: ignore[arg-type]  # xmlsec's stubs: a NamedTuple (Transform)
     for t in (*C14N_METHODS.values(), method):
-        ctx.enable_signature_transform(t)
+        ctx.enable_signature_transform(t)  # type: ignore[arg-type]  # xmlsec's stubs: a NamedTuple (Transform)
     return ctx
 
 
@@ -363,7 +383,7 @@ def _register(ctx: xmlsec.SignatureContext, el: etree._Element, value: str) -> N
 def _exclusive_prefixes(el: etree._Element) -> list[str] | None:
     """The PrefixList of an exclusive C14N (without comments) method or transform that c14n.canonical does;
     None for any other."""
-    if el.get("Algorithm") != T.EXCL_C14N.href:
+    if el.get("Algorithm") != EXCL_C14N.href:
         return None
     inclusive = _children(el)  # nothing or one InclusiveNamespaces (_check_c14n_children)
     prefixes = (inclusive[0].get("PrefixList") or "").split() if inclusive else []

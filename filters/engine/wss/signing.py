@@ -25,13 +25,13 @@ from filters.engine.wss import attachments, token
 from filters.engine.wss.signature import (
     _RSA_HASHES,
     DIGEST_METHODS,
+    EXCL_C14N,
     HMAC_HASHES,
     INCLUSIVE_NAMESPACES,
     SAML_ID_ATTRIBUTES,
     SIGNATURE,
     SIGNATURE_METHODS,
     WSU_ID,
-    T,
     _ds,
     _id_attribute,
     id_index,
@@ -140,9 +140,9 @@ class Signer:
         self._private = key
         # A token key signs in its token (the canonical SignedInfo); where xmlsec signs the whole template, it
         # does so with a stand-in key, and the token signs the SignedInfo digest xmlsec computed (`_resign`).
-        self._token = isinstance(key, token.TokenKey)
+        self._token = key if isinstance(key, token.TokenKey) else None
         # An RSA key is parsed into xmlsec once, with the route; an HMAC secret only if xmlsec signs the template.
-        self._key = None if isinstance(key, bytes) else _signing_key(_stand_in() if self._token else key)
+        self._key = None if isinstance(key, bytes) else _signing_key(_stand_in() if self._token is not None else key)
 
     def _xmlsec_key(self) -> xmlsec.Key:
         return self._key or _signing_key(self._private)
@@ -165,12 +165,12 @@ class Signer:
         rendered = {"ds": ns.DS, **{p: scope[p] for p in info_prefixes if p != "xml" and p in scope}}
         out = ["<ds:SignedInfo"]
         out += [f' xmlns:{p}="{_c14n_attribute(rendered[p])}"' for p in sorted(rendered)]
-        out.append(f'><ds:CanonicalizationMethod Algorithm="{T.EXCL_C14N.href}">{_inclusive(info_prefixes)}')
+        out.append(f'><ds:CanonicalizationMethod Algorithm="{EXCL_C14N.href}">{_inclusive(info_prefixes)}')
         out.append(f'</ds:CanonicalizationMethod><ds:SignatureMethod Algorithm="{self._method.href}">')
         out.append("</ds:SignatureMethod>")
-        for value, prefixes, got in zip(ids, ref_prefixes, digests, strict=True):
-            out.append(f'<ds:Reference URI="#{_c14n_attribute(value)}"><ds:Transforms>')
-            out.append(f'<ds:Transform Algorithm="{T.EXCL_C14N.href}">{_inclusive(prefixes)}</ds:Transform>')
+        for id_value, prefixes, got in zip(ids, ref_prefixes, digests, strict=True):
+            out.append(f'<ds:Reference URI="#{_c14n_attribute(id_value)}"><ds:Transforms>')
+            out.append(f'<ds:Transform Algorithm="{EXCL_C14N.href}">{_inclusive(prefixes)}</ds:Transform>')
             out.append(f'</ds:Transforms><ds:DigestMethod Algorithm="{self._digest.href}"></ds:DigestMethod>')
             out.append(f"<ds:DigestValue>{base64.b64encode(got).decode()}</ds:DigestValue></ds:Reference>")
         for uri, got in attachment_refs:  # SwA profile: the part's headers and content (attachments.py)
@@ -255,14 +255,14 @@ class Signer:
         sig = etree.SubElement(security, SIGNATURE, nsmap={"ds": ns.DS})
         sig.set("Id", sig_id)
         info = etree.SubElement(sig, _ds("SignedInfo"))
-        method = etree.SubElement(info, _ds("CanonicalizationMethod"), Algorithm=T.EXCL_C14N.href)
+        method = etree.SubElement(info, _ds("CanonicalizationMethod"), Algorithm=EXCL_C14N.href)
         _add_inclusive(method, info_prefixes)
         etree.SubElement(info, _ds("SignatureMethod"), Algorithm=self._method.href)
         digest_values = []
-        for value, prefixes in zip(ids, ref_prefixes, strict=True):
-            ref = etree.SubElement(info, _ds("Reference"), URI=f"#{value}")
+        for id_value, prefixes in zip(ids, ref_prefixes, strict=True):
+            ref = etree.SubElement(info, _ds("Reference"), URI=f"#{id_value}")
             transform = etree.SubElement(
-                etree.SubElement(ref, _ds("Transforms")), _ds("Transform"), Algorithm=T.EXCL_C14N.href
+                etree.SubElement(ref, _ds("Transforms")), _ds("Transform"), Algorithm=EXCL_C14N.href
             )
             _add_inclusive(transform, prefixes)
             etree.SubElement(ref, _ds("DigestMethod"), Algorithm=self._digest.href)
@@ -283,12 +283,12 @@ class Signer:
         ctx = xmlsec.SignatureContext()
         ctx.key = self._xmlsec_key()
         try:
-            for el, value in zip(elements, ids, strict=True):
-                name, attr_ns = _id_attribute(el, value)
+            for el, id_value in zip(elements, ids, strict=True):
+                name, attr_ns = _id_attribute(el, id_value)
                 ctx.register_id(el, name, attr_ns)
             ctx.sign(sig)
-            if self._token:
-                self._resign(signature_value)
+            if self._token is not None:
+                self._resign(self._token, signature_value)
         except (xmlsec.Error, faults.Fault) as exc:
             security.remove(sig)
             if isinstance(exc, faults.Fault):
@@ -296,13 +296,13 @@ class Signer:
             raise faults.server(f"signing failed: {exc}") from None
         return sig
 
-    def _resign(self, signature_value: etree._Element) -> None:
+    def _resign(self, key: token.TokenKey, signature_value: etree._Element) -> None:
         """Replace the stand-in's SignatureValue by the token's over the same SignedInfo: the digest xmlsec
         signed (of its own canonical form, with whatever PrefixList) is read back from the stand-in's signature."""
         algorithm = _RSA_HASHES[self.algorithm]()
         stand_in = base64.b64decode("".join((signature_value.text or "").split()))
         digest = _stand_in().public_key().recover_data_from_signature(stand_in, padding.PKCS1v15(), algorithm)
-        value = self._private.sign(digest, padding.PKCS1v15(), utils.Prehashed(algorithm))
+        value = key.sign(digest, padding.PKCS1v15(), utils.Prehashed(algorithm))
         signature_value.text = base64.b64encode(value).decode()
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from lxml import etree
 
@@ -69,7 +69,7 @@ def output(token: etree._Element, prefixes: list[str]) -> bytes:
 
 
 def verify(
-    ref: etree._Element, str_el: etree._Element, dereference: Dereference | None, digests: dict[str, str]
+    ref: etree._Element, str_el: etree._Element, dereference: Dereference | None, digests: Mapping[str, str]
 ) -> etree._Element:
     """Check one STR-Transform reference to `str_el` (its shape checked by signature._check_reference): the token
     the STR names, whose transformed digest matches. `digests`: allowed digest URIs -> hashlib names."""

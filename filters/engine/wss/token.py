@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import pkcs11
 from cryptography.hazmat.primitives import hashes
@@ -32,6 +32,9 @@ from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass
 from pkcs11 import exceptions as p11
 
 from filters.engine import faults
+
+if TYPE_CHECKING:
+    from pkcs11._pkcs11 import lib as Library  # what `pkcs11.lib` (a function) returns
 
 log = logging.getLogger("wsgate.token")
 
@@ -165,11 +168,11 @@ class _Module:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._lib: pkcs11.lib | None = None  # loaded when first used: C_Initialize fails while a token is down
+        self._lib: Library | None = None  # loaded when first used: C_Initialize fails while a token is down
         self.generation = 0
 
     @property
-    def lib(self) -> pkcs11.lib:
+    def lib(self) -> Library:
         if self._lib is None:
             self._lib = pkcs11.lib(self.path)
         return self._lib
@@ -194,7 +197,7 @@ class _Module:
 class _Session:
     session: pkcs11.Session
     generation: int
-    keys: dict[TokenRef, pkcs11.PrivateKey]
+    keys: dict[TokenRef, pkcs11.Key]
 
 
 class Pool:
@@ -304,13 +307,26 @@ class Pool:
         self._idle.clear()
 
 
-def _find_key(entry: _Session, ref: TokenRef) -> pkcs11.PrivateKey:
+def _find_key(entry: _Session, ref: TokenRef) -> pkcs11.Key:
     key = entry.keys.get(ref)
     if key is None:
-        attrs = {"object_class": ObjectClass.PRIVATE_KEY, "key_type": KeyType.RSA}
-        key = entry.session.get_key(**attrs, **({"label": ref.label} if ref.label else {}),
-                                    **({"id": ref.id} if ref.id else {}))  # fmt: skip
+        # a label or id of None is no condition, as one left out
+        key = entry.session.get_key(
+            object_class=ObjectClass.PRIVATE_KEY, key_type=KeyType.RSA, label=ref.label or None, id=ref.id or None
+        )
         entry.keys[ref] = key
+    return key
+
+
+_Capability = TypeVar("_Capability", pkcs11.SignMixin, pkcs11.DecryptMixin)
+# pkcs11 mixes these into the class of a key whose attribute is true.
+_ATTRIBUTES = {pkcs11.SignMixin: "CKA_SIGN", pkcs11.DecryptMixin: "CKA_DECRYPT"}
+
+
+def _able(key: pkcs11.Key, capability: type[_Capability], ref: TokenRef) -> _Capability:
+    """The key as one that signs or decrypts; one whose attribute says it may not is a policy error (500)."""
+    if not isinstance(key, capability):
+        raise faults.server(f"key token: {ref.token_name} {ref.key_name}: {_ATTRIBUTES[capability]} is false")
     return key
 
 
@@ -346,7 +362,7 @@ class TokenKey(rsa.RSAPrivateKey):
         if self._expected and self._public and self._public.public_numbers() != self._expected[0]:
             raise faults.server(self._expected[1])
 
-    def _run(self, what: str, op: Callable[[pkcs11.PrivateKey], _T]) -> _T:
+    def _run(self, what: str, op: Callable[[pkcs11.Key], _T]) -> _T:
         if what != "load":
             self.public_key()  # read once (the token may have been down at load) and checked against expect()
         try:
@@ -379,30 +395,40 @@ class TokenKey(rsa.RSAPrivateKey):
         self,
         data: bytes,
         pad: padding.AsymmetricPadding,
-        algorithm: hashes.HashAlgorithm | utils.Prehashed,
+        algorithm: hashes.HashAlgorithm | utils.Prehashed | utils.NoDigestInfo,
     ) -> bytes:
         if not isinstance(pad, padding.PKCS1v15):
             raise ValueError("the token signs with PKCS#1 v1.5 only")
+        if isinstance(algorithm, utils.NoDigestInfo):
+            raise ValueError("the token signs a DigestInfo (hashed or prehashed) only")
         if isinstance(algorithm, utils.Prehashed):
             prefix = _DIGEST_INFO.get(algorithm._algorithm.name)
             if prefix is None or len(data) != algorithm.digest_size:
                 raise ValueError(f"unsupported prehashed digest {algorithm._algorithm.name}")
-            return self._run("sign", lambda key: key.sign(prefix + data, mechanism=Mechanism.RSA_PKCS))
+            return self._sign(prefix + data, Mechanism.RSA_PKCS)
         mech = _SIGN_MECHS.get(algorithm.name)
         if mech is None:
             raise ValueError(f"unsupported digest {algorithm.name}")
-        return self._run("sign", lambda key: key.sign(data, mechanism=mech))
+        return self._sign(data, mech)
+
+    def _sign(self, data: bytes, mechanism: Mechanism) -> bytes:
+        return self._run("sign", lambda key: _able(key, pkcs11.SignMixin, self.ref).sign(data, mechanism=mechanism))
 
     def decrypt(self, ciphertext: bytes, pad: padding.AsymmetricPadding) -> bytes:
         if isinstance(pad, padding.OAEP):
-            mgf_hash = pad.mgf._algorithm.name  # type: ignore[attr-defined]
+            mgf_hash = pad.mgf._algorithm.name
             digest = pad.algorithm.name
             if digest not in _HASH_MECHS or mgf_hash not in _MGFS:
                 raise ValueError(f"unsupported OAEP digest {digest}/{mgf_hash}")
             param = (_HASH_MECHS[digest], _MGFS[mgf_hash], pad._label or None)
-            return self._run(
-                "unwrap", lambda key: key.decrypt(ciphertext, mechanism=Mechanism.RSA_PKCS_OAEP, mechanism_param=param)
-            )
+
+            def unwrap(key: pkcs11.Key) -> bytes:
+                plain = _able(key, pkcs11.DecryptMixin, self.ref).decrypt(
+                    ciphertext, mechanism=Mechanism.RSA_PKCS_OAEP, mechanism_param=param
+                )
+                return cast(bytes, plain)  # bytes in, bytes out (the stub's union: an iterator in, one out)
+
+            return self._run("unwrap", unwrap)
         if isinstance(pad, padding.PKCS1v15):
             # Whether a PKCS#1 v1.5 block decrypts shows in a token's answer and its timing (Bleichenbacher); with
             # no implicit rejection in the token, rsa-1_5 is refused whatever the block.

@@ -309,6 +309,7 @@ def _authenticate_user(st: _State, el: etree._Element) -> None:
         if st.out.symmetric_key is None or not hmac.compare_digest(st.username_key, st.out.symmetric_key):
             raise faults.security("InvalidSecurity", "UsernameToken encrypted under another key than the signature's")
     tp = st.req.timestamp
+    assert st.creds.users is not None  # _username_token noted no token on a route without users
     got = username_token.verify(el, st.creds.users, st.req.username_token, st.now, tp.max_age_s, tp.clock_skew_s)
     if got.nonce is not None:
         key = b"ut:" + got.username.encode() + b":" + got.nonce

@@ -148,9 +148,12 @@ def _first(branch: list[_Piece]) -> Chars:
 
 
 def _union(sets: list[Chars]) -> Chars:
-    if any(s is ANY for s in sets):
-        return ANY
-    return [r for s in sets for r in s]  # type: ignore[union-attr]
+    out: list[tuple[str, str]] = []
+    for s in sets:
+        if s is ANY:
+            return ANY
+        out += s
+    return out
 
 
 def _overlap(a: Chars, b: Chars) -> bool:
