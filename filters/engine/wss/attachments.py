@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from email.header import decode_header, make_header
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers import AEADEncryptionContext, Cipher, CipherContext, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from lxml import etree
 
@@ -519,12 +519,6 @@ def decrypt(
     return part
 
 
-def _cbc_pad(size: int) -> bytes:
-    """XML Encryption's padding: random bytes, the last one the pad's length (1..16)."""
-    pad = encryption.BLOCK - size % encryption.BLOCK
-    return os.urandom(pad - 1) + bytes([pad])
-
-
 # An attachment's EncryptedData (no KeyInfo: the EncryptedKey's ReferenceList names it), copied per part: a
 # copy of this tree costs half of building it element by element; one per algorithm and Type (`_template`), so a
 # copy needs only its Id, MimeType and URI set.
@@ -580,7 +574,7 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
     if alg.gcm and len(part.body) <= CHUNK:
         part.body = _gcm_once(key, (head, part.body))
     else:
-        part.body = _encrypt_stream(algorithm, key, head, part.body)
+        part.body = encryption.encrypt_pieces(alg, key, (head, part.body))
     part.encrypted = part.changed = True
     part.headers = kept
     ed = copy.copy(_template(algorithm, complete))  # lxml copies the whole tree either way; deepcopy adds its memo
@@ -588,33 +582,3 @@ def encrypt(part: Attachment, key: bytes, algorithm: str, complete: bool, ed_id:
     ed.set("MimeType", (mime or DEFAULT_CONTENT_TYPE).strip())
     ed[1][0].set("URI", cid_uri(part.content_id))
     return ed
-
-
-def _encrypt_stream(algorithm: str, key: bytes, head: bytes, body: bytes | bytearray | memoryview) -> bytearray:
-    """IV || ciphertext of head, body (and CBC padding) (|| tag), written once into one buffer: no copy of the body."""
-    alg = encryption.DATA[algorithm]
-    encryptor: CipherContext
-    gcm: AEADEncryptionContext | None = None  # the same encryptor, for its tag
-    if alg.gcm:
-        iv = os.urandom(encryption.GCM_IV)
-        encryptor = gcm = Cipher(algorithms.AES(key), modes.GCM(iv)).encryptor()
-    else:
-        iv = os.urandom(encryption.BLOCK)
-        encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
-    # update_into wants a block of room beyond each piece's output, trimmed off the end.
-    tail = b"" if alg.gcm else _cbc_pad(len(head) + len(body))
-    size = len(iv) + len(head) + len(body) + len(tail)
-    out = bytearray(size + encryption.BLOCK - 1 + (encryption.GCM_TAG if alg.gcm else 0))
-    view = memoryview(out)
-    view[: len(iv)] = iv
-    at = len(iv)
-    for piece in (head, body, tail):
-        if piece:  # GCM has no tail, Content-Only no head: no call for them
-            at += encryptor.update_into(piece, view[at:])
-    encryptor.finalize()  # nothing is held back: GCM streams, the CBC plaintext is whole blocks by now
-    if gcm is not None:
-        view[at : at + encryption.GCM_TAG] = gcm.tag
-        at += encryption.GCM_TAG
-    view.release()
-    del out[at:]
-    return out

@@ -440,33 +440,38 @@ def _put_back(ed: etree._Element, key: bytes) -> etree._Element:
     return landed
 
 
-def _encrypt(alg: _DataAlgorithm, key: bytes, parts: list[bytes]) -> bytes:
-    """IV || ciphertext (|| tag), base64: the CipherValue text, with one buffer for the whole ciphertext."""
-    size = sum(len(p) for p in parts)
+def encrypt_pieces(alg: _DataAlgorithm, key: bytes, pieces: Sequence[bytes | bytearray | memoryview]) -> bytearray:
+    """IV || ciphertext of the pieces in order (and CBC padding) (|| tag), written once into one buffer: no piece
+    copied. The EncryptedData's CipherValue (base64) and an attachment's encrypted body are both this."""
     encryptor: CipherContext
     gcm: AEADEncryptionContext | None = None  # the same encryptor, for its tag
+    size = sum(len(p) for p in pieces)
     if alg.gcm:
         iv = os.urandom(GCM_IV)
         encryptor = gcm = Cipher(algorithms.AES(key), modes.GCM(iv)).encryptor()
-        total = GCM_IV + size + GCM_TAG
-        buf = bytearray(total)
-        head = GCM_IV
+        tail = b""
     else:
         iv = os.urandom(BLOCK)
-        pad = BLOCK - size % BLOCK
-        parts.append(os.urandom(pad - 1) + bytes([pad]))
         encryptor = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
-        total = BLOCK + size + pad
-        buf = bytearray(total + BLOCK - 1)  # update_into wants a block of room beyond the data
-        head = BLOCK
-    view = memoryview(buf)
-    view[:head] = iv
-    for part in parts:
-        head += encryptor.update_into(part, view[head:])
-    encryptor.finalize()  # nothing is held back: GCM streams, and the CBC plaintext is whole blocks by now
+        pad = BLOCK - size % BLOCK  # XML Encryption's padding: random bytes, the last one the pad's length
+        tail = os.urandom(pad - 1) + bytes([pad])
+    # update_into wants a block of room beyond each piece's output: GCM's tag is that room, CBC's is trimmed off.
+    out = bytearray(len(iv) + size + (GCM_TAG if gcm is not None else len(tail) + BLOCK - 1))
+    view = memoryview(out)
+    view[: len(iv)] = iv
+    at = len(iv)
+    for piece in pieces:
+        if piece:  # an attachment's Content-Only has no head: no call for it
+            at += encryptor.update_into(piece, view[at:])
+    if tail:
+        at += encryptor.update_into(tail, view[at:])
+    encryptor.finalize()  # nothing is held back: GCM streams, the CBC plaintext is whole blocks by now
     if gcm is not None:
-        view[head:total] = gcm.tag
-    return base64.b64encode(view[:total])
+        view[at:] = gcm.tag
+        at += GCM_TAG
+    view.release()
+    del out[at:]  # CBC's room left over; none after GCM's tag
+    return out
 
 
 @metrics.timed("encryption")
@@ -508,7 +513,7 @@ def _encrypted_data(
     alg = DATA[algorithm]
     if len(key) != alg.key_size:
         raise ValueError(f"{algorithm} needs a {alg.key_size}-byte key, got {len(key)}")
-    encoded = _encrypt(alg, key, parts)
+    encoded = base64.b64encode(encrypt_pieces(alg, key, parts))
     ed = etree.Element(q(XENC, "EncryptedData"), {"Id": id, "Type": kind}, nsmap={"xenc": XENC})
     etree.SubElement(ed, q(XENC, "EncryptionMethod"), Algorithm=alg.uri)
     if key_info is not None:
